@@ -1,0 +1,52 @@
+//! The daemon's own HTTP server: `/metrics`, `/healthz`, `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone)]
+struct AdminState {
+    metrics: Option<PrometheusHandle>,
+    connections: Arc<Vec<String>>,
+}
+
+/// Serves the admin endpoints on `addr` until `shutdown` fires.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Option<PrometheusHandle>,
+    connections: Vec<String>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let state = AdminState {
+        metrics,
+        connections: Arc::new(connections),
+    };
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
+        .route("/readyz", get(ready_handler))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "admin server listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
+
+async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
+    match state.metrics {
+        Some(h) => (StatusCode::OK, h.render()),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "metrics recorder not installed".to_owned()),
+    }
+}
+
+async fn ready_handler(State(state): State<AdminState>) -> impl IntoResponse {
+    Json(serde_json::json!({"status": "ready", "connections": *state.connections}))
+}

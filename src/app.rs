@@ -1,0 +1,72 @@
+//! Builds the runtime objects from the configuration and runs them under one shutdown token.
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::kafka::supervisor::{ConnectionSupervisor, SupervisorError};
+
+/// The running daemon.
+pub struct App {
+    config: Config,
+    supervisors: Vec<ConnectionSupervisor>,
+}
+
+impl App {
+    /// Creates every connection's consumer and clients. Opens no network connection.
+    pub fn build(config: Config) -> Result<Self, SupervisorError> {
+        let supervisors = config
+            .connections
+            .iter()
+            .map(|(name, c)| ConnectionSupervisor::try_new(name, c))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { config, supervisors })
+    }
+
+    /// Runs until `shutdown` fires and every connection has drained and committed.
+    /// `serve_admin` starts the metrics and health server.
+    pub async fn run(self, shutdown: CancellationToken, serve_admin: bool) -> anyhow::Result<()> {
+        let tracker = TaskTracker::new();
+        if serve_admin {
+            let metrics = crate::telemetry::metrics::install();
+            let names = self.config.connections.keys().cloned().collect();
+            let addr = self.config.server.listen;
+            let token = shutdown.clone();
+            let _ = tracker.spawn(async move {
+                if let Err(e) = crate::admin::serve(addr, metrics, names, token).await {
+                    tracing::error!(%addr, error = %e, "admin server failed");
+                }
+            });
+        }
+        let mut handles = Vec::new();
+        for s in self.supervisors {
+            let token = shutdown.clone();
+            handles.push(tracker.spawn(async move {
+                let result = s.run(token.clone()).await;
+                if result.is_err() {
+                    // One failed connection stops the daemon so the orchestrator restarts it.
+                    token.cancel();
+                }
+                result
+            }));
+        }
+        tracker.close();
+        let mut first_error = None;
+        for h in handles {
+            match h.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "connection stopped");
+                    first_error.get_or_insert(anyhow::Error::new(e));
+                }
+                Err(e) => {
+                    shutdown.cancel();
+                    first_error.get_or_insert(anyhow::anyhow!("connection task failed: {e}"));
+                }
+            }
+        }
+        shutdown.cancel();
+        tracker.wait().await;
+        first_error.map_or(Ok(()), Err)
+    }
+}

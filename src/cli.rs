@@ -1,0 +1,58 @@
+//! Command-line interface of the `tessel-kafka` binary.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// Tessel's Kafka connector.
+#[derive(Debug, Parser)]
+#[command(name = "tessel-kafka", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the connector daemon.
+    Run {
+        /// Configuration file (TOML); TESSEL_KAFKA__… variables override it.
+        #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
+        config: PathBuf,
+    },
+    /// Configuration tools.
+    Config {
+        /// What to do with the configuration.
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Run a local run dispatcher that prints one line per run.
+    DevDispatcher {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
+        /// Each request waits this many milliseconds.
+        #[arg(long, default_value_t = 0)]
+        latency_ms: u64,
+        /// Share of requests (0.0 to 1.0) answered with --fail-status.
+        #[arg(long, default_value_t = 0.0)]
+        fail_ratio: f64,
+        /// Status of injected failures.
+        #[arg(long, default_value_t = 503)]
+        fail_status: u16,
+    },
+}
+
+/// `tessel-kafka config …`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate a configuration and print it with defaults filled in and secrets redacted.
+    Check {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
+        config: PathBuf,
+    },
+}

@@ -1,0 +1,464 @@
+//! Schema Registry client (Confluent REST API) with a cache of compiled schemas by id.
+//!
+//! Schemas are immutable under their id, so a compiled schema is cached for the life of the
+//! process. Failures are never cached: a registry outage only delays decoding. One request per
+//! id is in flight at a time; concurrent decoders of the same id wait for it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use prost_reflect::{DescriptorPool, FileDescriptor};
+use serde::Deserialize;
+use thiserror::Error;
+use tokio::sync::OnceCell;
+
+use crate::config::RegistryConfig;
+
+/// The kinds of schema the registry holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchemaType {
+    /// Apache Avro.
+    Avro,
+    /// Protocol Buffers.
+    Protobuf,
+    /// JSON Schema.
+    Json,
+}
+
+impl SchemaType {
+    /// The name used in events and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Avro => "avro",
+            Self::Protobuf => "protobuf",
+            Self::Json => "json_schema",
+        }
+    }
+}
+
+/// A schema fetched and compiled, ready to decode with.
+#[derive(Debug)]
+pub struct ResolvedSchema {
+    /// The registry id.
+    pub id: u32,
+    /// The compiled form.
+    pub kind: CompiledSchema,
+    /// Subjects and versions registered under this id, when the registry says.
+    pub subjects: Vec<SubjectVersion>,
+}
+
+/// A subject and version a schema id is registered under.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct SubjectVersion {
+    /// Subject name.
+    pub subject: String,
+    /// Version within the subject.
+    pub version: i64,
+}
+
+/// The compiled schema of each kind.
+#[derive(Debug)]
+pub enum CompiledSchema {
+    /// An Avro writer schema and the schemas it references.
+    Avro {
+        /// The schema itself.
+        schema: apache_avro::Schema,
+        /// Referenced named schemas.
+        references: Vec<apache_avro::Schema>,
+    },
+    /// A Protobuf file in a pool holding its imports and the well-known types.
+    Protobuf {
+        /// The schema's file.
+        file: FileDescriptor,
+    },
+    /// A JSON Schema document.
+    Json {
+        /// The parsed schema.
+        schema: serde_json::Value,
+    },
+}
+
+impl ResolvedSchema {
+    /// The schema type.
+    pub fn schema_type(&self) -> SchemaType {
+        match self.kind {
+            CompiledSchema::Avro { .. } => SchemaType::Avro,
+            CompiledSchema::Protobuf { .. } => SchemaType::Protobuf,
+            CompiledSchema::Json { .. } => SchemaType::Json,
+        }
+    }
+
+    /// The subject for `topic` under TopicNameStrategy when registered, else the first.
+    pub fn subject_for(&self, topic: &str, is_key: bool) -> Option<&SubjectVersion> {
+        let wanted = format!("{topic}-{}", if is_key { "key" } else { "value" });
+        self.subjects
+            .iter()
+            .find(|s| s.subject == wanted)
+            .or_else(|| self.subjects.first())
+    }
+}
+
+/// Why a schema could not be had.
+#[derive(Debug, Error, Clone)]
+pub enum RegistryError {
+    /// The registry says no schema has this id (error code 40403).
+    #[error("schema {id} not found in the registry")]
+    SchemaNotFound {
+        /// The id asked for.
+        id: u32,
+    },
+    /// 401 or 403: the registry credentials are wrong or lack permission.
+    #[error("schema registry refused the credentials (HTTP {status}): {message}")]
+    Unauthorized {
+        /// HTTP status.
+        status: u16,
+        /// The registry's message.
+        message: String,
+    },
+    /// Timeouts, connection errors, 408, 429 and 5xx: try again later.
+    #[error("schema registry unavailable: {0}")]
+    Unavailable(String),
+    /// Any other answer, or a schema that does not compile.
+    #[error("schema {id} is unusable: {reason}")]
+    Invalid {
+        /// The id asked for.
+        id: u32,
+        /// Why.
+        reason: String,
+    },
+}
+
+#[derive(Deserialize)]
+struct SchemaResponse {
+    schema: String,
+    #[serde(rename = "schemaType", default)]
+    schema_type: Option<String>,
+    #[serde(default)]
+    references: Vec<Reference>,
+}
+
+#[derive(Clone, Deserialize)]
+struct Reference {
+    name: String,
+    subject: String,
+    version: i64,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    #[serde(default)]
+    error_code: i64,
+    #[serde(default)]
+    message: String,
+}
+
+/// Most references followed for one schema (guards against cycles).
+const MAX_REFERENCES: usize = 256;
+
+type Slot = Arc<OnceCell<Arc<ResolvedSchema>>>;
+
+/// A Schema Registry client with a process-wide cache keyed by schema id.
+pub struct RegistryClient {
+    http: reqwest::Client,
+    base: String,
+    auth: Auth,
+    cache: Mutex<HashMap<u32, Slot>>,
+}
+
+enum Auth {
+    None,
+    Basic(String, Option<String>),
+    Bearer(String),
+}
+
+impl std::fmt::Debug for RegistryClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryClient").field("base", &self.base).finish_non_exhaustive()
+    }
+}
+
+impl RegistryClient {
+    /// Builds the client (one pooled HTTP client per registry).
+    pub fn try_new(config: &RegistryConfig) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(config.timeout_ms))
+            .connect_timeout(Duration::from_millis(config.timeout_ms.min(5_000)))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .user_agent(concat!("tessel-kafka/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        let auth = match (&config.username, &config.password, &config.bearer_token) {
+            (_, _, Some(token)) => Auth::Bearer(token.expose().to_owned()),
+            (Some(user), password, None) => {
+                Auth::Basic(user.clone(), password.as_ref().map(|p| p.expose().to_owned()))
+            }
+            _ => Auth::None,
+        };
+        Ok(Self {
+            http,
+            base: config.url.as_str().trim_end_matches('/').to_owned(),
+            auth,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The compiled schema for `id`, from the cache or the registry.
+    pub async fn schema(&self, id: u32) -> Result<Arc<ResolvedSchema>, RegistryError> {
+        let slot = {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(cache.entry(id).or_default())
+        };
+        if let Some(hit) = slot.get() {
+            crate::telemetry::metrics::registry_cache(true);
+            return Ok(Arc::clone(hit));
+        }
+        crate::telemetry::metrics::registry_cache(false);
+        slot.get_or_try_init(|| async { self.fetch(id).await.map(Arc::new) })
+            .await
+            .map(Arc::clone)
+    }
+
+    /// Reachability probe for readiness: `GET /subjects`.
+    pub async fn probe(&self) -> Result<(), RegistryError> {
+        self.get_json::<serde_json::Value>("/subjects", 0).await.map(|_| ())
+    }
+
+    async fn fetch(&self, id: u32) -> Result<ResolvedSchema, RegistryError> {
+        let root: SchemaResponse = self.get_json(&format!("/schemas/ids/{id}"), id).await?;
+        let schema_type = match root.schema_type.as_deref().unwrap_or("AVRO") {
+            "AVRO" => SchemaType::Avro,
+            "PROTOBUF" => SchemaType::Protobuf,
+            "JSON" => SchemaType::Json,
+            other => {
+                return Err(RegistryError::Invalid {
+                    id,
+                    reason: format!("unsupported schema type {other}"),
+                })
+            }
+        };
+        let references = self.fetch_references(id, &root.references).await?;
+        let kind = compile(id, schema_type, &root.schema, &root.references, &references)?;
+        // Subject and version are informative; a registry that cannot say is fine.
+        let subjects = self
+            .get_json::<Vec<SubjectVersion>>(&format!("/schemas/ids/{id}/versions"), id)
+            .await
+            .unwrap_or_default();
+        Ok(ResolvedSchema { id, kind, subjects })
+    }
+
+    /// All schemas referenced, transitively, keyed by reference name, in dependency order.
+    async fn fetch_references(
+        &self,
+        id: u32,
+        direct: &[Reference],
+    ) -> Result<Vec<(String, SchemaResponse)>, RegistryError> {
+        let mut out: Vec<(String, SchemaResponse)> = Vec::new();
+        let mut stack: Vec<Reference> = direct.iter().rev().cloned().collect();
+        while let Some(r) = stack.pop() {
+            if out.iter().any(|(n, _)| *n == r.name) {
+                continue;
+            }
+            if out.len() >= MAX_REFERENCES {
+                return Err(RegistryError::Invalid {
+                    id,
+                    reason: "too many schema references".to_owned(),
+                });
+            }
+            let path = format!(
+                "/subjects/{}/versions/{}",
+                urlencode(&r.subject),
+                r.version
+            );
+            let resp: SchemaResponse = self.get_json(&path, id).await?;
+            stack.extend(resp.references.iter().rev().cloned());
+            out.push((r.name.clone(), resp));
+        }
+        Ok(out)
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        id: u32,
+    ) -> Result<T, RegistryError> {
+        let mut req = self
+            .http
+            .get(format!("{}{}", self.base, path))
+            .header("Accept", "application/vnd.schemaregistry.v1+json, application/json");
+        req = match &self.auth {
+            Auth::None => req,
+            Auth::Basic(u, p) => req.basic_auth(u, p.as_deref()),
+            Auth::Bearer(t) => req.bearer_auth(t),
+        };
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| RegistryError::Unavailable(error_chain(&e)))?;
+        let status = resp.status();
+        if status.is_success() {
+            return resp
+                .json::<T>()
+                .await
+                .map_err(|e| RegistryError::Unavailable(format!("unreadable answer: {e}")));
+        }
+        let body: ErrorBody = resp.json().await.unwrap_or(ErrorBody {
+            error_code: 0,
+            message: String::new(),
+        });
+        Err(classify_status(status.as_u16(), body.error_code, body.message, id))
+    }
+}
+
+fn classify_status(status: u16, error_code: i64, message: String, id: u32) -> RegistryError {
+    match status {
+        401 | 403 => RegistryError::Unauthorized { status, message },
+        404 if error_code == 40403 || error_code == 0 => RegistryError::SchemaNotFound { id },
+        408 | 429 | 500..=599 => RegistryError::Unavailable(format!("HTTP {status} {message}")),
+        _ => RegistryError::Invalid {
+            id,
+            reason: format!("HTTP {status} (error code {error_code}) {message}"),
+        },
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn urlencode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>().replace('+', "%20")
+}
+
+fn compile(
+    id: u32,
+    schema_type: SchemaType,
+    text: &str,
+    direct: &[Reference],
+    references: &[(String, SchemaResponse)],
+) -> Result<CompiledSchema, RegistryError> {
+    let invalid = |reason: String| RegistryError::Invalid { id, reason };
+    match schema_type {
+        SchemaType::Avro => {
+            // parse_str_with_list wants referenced schemas first; it resolves names itself.
+            let texts: Vec<&str> = references.iter().rev().map(|(_, r)| r.schema.as_str()).collect();
+            let (schema, references) = apache_avro::Schema::parse_str_with_list(text, texts)
+                .map_err(|e| invalid(format!("avro schema does not parse: {e}")))?;
+            Ok(CompiledSchema::Avro { schema, references })
+        }
+        SchemaType::Json => {
+            let schema = serde_json::from_str(text)
+                .map_err(|e| invalid(format!("json schema does not parse: {e}")))?;
+            Ok(CompiledSchema::Json { schema })
+        }
+        SchemaType::Protobuf => {
+            let _ = direct;
+            let main_name = format!("tessel-registry-schema-{id}.proto");
+            let mut files = HashMap::new();
+            for (name, r) in references {
+                let _ = files.insert(name.clone(), proto_file(name, &r.schema).map_err(&invalid)?);
+            }
+            let main = proto_file(&main_name, text).map_err(&invalid)?;
+            let main_name = main.name().to_owned();
+            let _ = files.insert(main_name.clone(), main);
+            let mut resolver = protox::file::ChainFileResolver::new();
+            resolver.add(MapResolver(files));
+            resolver.add(protox::file::GoogleFileResolver::new());
+            let mut compiler = protox::Compiler::with_file_resolver(resolver);
+            let _ = compiler.include_imports(true);
+            let _ = compiler
+                .open_file(&main_name)
+                .map_err(|e| invalid(format!("protobuf schema does not compile: {e}")))?;
+            let pool: DescriptorPool = compiler.descriptor_pool();
+            let file = pool
+                .get_file_by_name(&main_name)
+                .ok_or_else(|| invalid("compiled protobuf file is missing".to_owned()))?;
+            Ok(CompiledSchema::Protobuf { file })
+        }
+    }
+}
+
+/// A registered Protobuf schema is `.proto` text (Confluent, Java serializers) or a base64
+/// `FileDescriptorProto` (what the Python serializer registers, returned as is by Apicurio).
+fn proto_file(name: &str, text: &str) -> Result<protox::file::File, String> {
+    let trimmed = text.trim();
+    let looks_base64 = !trimmed.is_empty()
+        && trimmed
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
+    if looks_base64 {
+        if let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(trimmed) {
+            if let Ok(file) = protox::file::File::decode_file_descriptor_proto(bytes.as_slice()) {
+                return Ok(rename_descriptor(file, name));
+            }
+        }
+    }
+    protox::file::File::from_source(name, text).map_err(|e| format!("protobuf schema {name}: {e}"))
+}
+
+/// References are imported under their reference name, which is what the importing file's
+/// dependency list says; a descriptor's own name may differ, so it is renamed to match.
+fn rename_descriptor(file: protox::file::File, name: &str) -> protox::file::File {
+    let mut fdp = file.file_descriptor_proto().clone();
+    if name.starts_with("tessel-registry-schema-") && fdp.name.as_deref().is_some_and(|n| !n.is_empty()) {
+        // The main schema keeps its own name.
+        return protox::file::File::from_file_descriptor_proto(fdp);
+    }
+    fdp.name = Some(name.to_owned());
+    protox::file::File::from_file_descriptor_proto(fdp)
+}
+
+struct MapResolver(HashMap<String, protox::file::File>);
+
+impl protox::file::FileResolver for MapResolver {
+    fn open_file(&self, name: &str) -> Result<protox::file::File, protox::Error> {
+        self.0
+            .get(name)
+            .cloned()
+            .ok_or_else(|| protox::Error::file_not_found(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_registry_statuses() {
+        assert!(matches!(classify_status(404, 40403, String::new(), 7), RegistryError::SchemaNotFound { id: 7 }));
+        assert!(matches!(classify_status(401, 0, String::new(), 7), RegistryError::Unauthorized { status: 401, .. }));
+        assert!(matches!(classify_status(403, 0, String::new(), 7), RegistryError::Unauthorized { .. }));
+        assert!(matches!(classify_status(429, 0, String::new(), 7), RegistryError::Unavailable(_)));
+        assert!(matches!(classify_status(503, 0, String::new(), 7), RegistryError::Unavailable(_)));
+        assert!(matches!(classify_status(422, 42201, String::new(), 7), RegistryError::Invalid { .. }));
+    }
+
+    #[test]
+    fn compiles_proto_text_with_a_well_known_import() {
+        let text = r#"syntax = "proto3"; package t; import "google/protobuf/timestamp.proto";
+            message A { int32 x = 1; } message B { google.protobuf.Timestamp at = 1; A a = 2; }"#;
+        let compiled = compile(5, SchemaType::Protobuf, text, &[], &[]).unwrap();
+        let CompiledSchema::Protobuf { file } = compiled else { panic!() };
+        let names: Vec<_> = file.messages().map(|m| m.full_name().to_owned()).collect();
+        assert_eq!(names, vec!["t.A", "t.B"]);
+    }
+
+    #[test]
+    fn compiles_avro_with_a_reference() {
+        let child = r#"{"type":"record","name":"Address","namespace":"t","fields":[{"name":"city","type":"string"}]}"#;
+        let parent = r#"{"type":"record","name":"Customer","namespace":"t","fields":[{"name":"home","type":"t.Address"}]}"#;
+        let refs = vec![(
+            "t.Address".to_owned(),
+            SchemaResponse { schema: child.to_owned(), schema_type: None, references: vec![] },
+        )];
+        let compiled = compile(9, SchemaType::Avro, parent, &[], &refs).unwrap();
+        assert!(matches!(compiled, CompiledSchema::Avro { .. }));
+    }
+}

@@ -1,0 +1,189 @@
+//! `[connections.<name>]`: one Kafka cluster, one consumer group, its registry and triggers.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize, Serializer};
+
+use super::secret::{is_secret_property, Secret, REDACTED};
+use super::trigger::TriggerConfig;
+use super::ConfigError;
+
+/// One Kafka connection: a consumer in a group over the union of its triggers' topics.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionConfig {
+    /// librdkafka client properties under their Kafka names, as the product page shows them:
+    /// `bootstrap.servers`, `security.protocol`, `sasl.mechanism`, `sasl.username`,
+    /// `sasl.password`, `group.id`, `auto.offset.reset`, `ssl.ca.location`, ...
+    /// `bootstrap.servers` and `group.id` are required. The connector sets
+    /// `enable.auto.offset.store=false` and `isolation.level=read_committed` itself.
+    #[serde(serialize_with = "serialize_kafka_properties", deserialize_with = "super::secret::deserialize_properties")]
+    pub kafka: BTreeMap<String, String>,
+    /// The Schema Registry used to decode `schema_registry` and `auto` formats.
+    #[serde(default)]
+    pub schema_registry: Option<RegistryConfig>,
+    /// Triggers by name. A trigger maps topics to the workflow each message starts.
+    #[serde(default)]
+    pub triggers: BTreeMap<String, TriggerConfig>,
+    /// How long a revoke or shutdown waits for runs in flight before giving up on them
+    /// (their offsets are then not committed, and they are dispatched again later).
+    /// Default 30000.
+    #[serde(default = "default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+    /// Messages buffered per partition before that partition is paused. Default 1000.
+    #[serde(default = "default_max_buffered_per_partition")]
+    pub max_buffered_per_partition: usize,
+    /// Bytes of message payload buffered over the whole connection before partitions are
+    /// paused. Default 67108864 (64 MiB).
+    #[serde(default = "default_max_buffered_bytes")]
+    pub max_buffered_bytes: usize,
+}
+
+/// Schema Registry access (Confluent API; Apicurio's `/apis/ccompat/v7` works too).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// Base URL, path included, e.g. `https://psrc-xxxx.region.aws.confluent.cloud` or
+    /// `http://registry:8080/apis/ccompat/v7`.
+    pub url: url::Url,
+    /// Basic-auth user (Confluent Cloud: the registry API key).
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Basic-auth password (Confluent Cloud: the registry API secret).
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// Bearer token, instead of basic auth.
+    #[serde(default)]
+    pub bearer_token: Option<Secret>,
+    /// Timeout of one registry request. Default 10000.
+    #[serde(default = "default_registry_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_drain_timeout_ms() -> u64 {
+    30_000
+}
+fn default_max_buffered_per_partition() -> usize {
+    1_000
+}
+fn default_max_buffered_bytes() -> usize {
+    64 * 1024 * 1024
+}
+fn default_registry_timeout_ms() -> u64 {
+    10_000
+}
+
+fn serialize_kafka_properties<S: Serializer>(
+    props: &BTreeMap<String, String>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    let redacted: BTreeMap<&str, &str> = props
+        .iter()
+        .map(|(k, v)| {
+            let v = if is_secret_property(k) { REDACTED } else { v.as_str() };
+            (k.as_str(), v)
+        })
+        .collect();
+    redacted.serialize(s)
+}
+
+/// Properties the connector owns; a user value is refused with the reason.
+const OWNED_PROPERTIES: &[(&str, &str, &str)] = &[
+    (
+        "isolation.level",
+        "read_committed",
+        "the connector reads with read_committed isolation so that aborted transactions never start a run",
+    ),
+    (
+        "enable.auto.offset.store",
+        "false",
+        "the connector stores an offset only after the run for it was accepted",
+    ),
+    (
+        "enable.auto.commit",
+        "true",
+        "the connector commits stored offsets in the background and on revoke and shutdown",
+    ),
+];
+
+impl ConnectionConfig {
+    pub(super) fn validate(&self, name: &str) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("connections.{name}.{k}");
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(ConfigError::invalid(
+                format!("connections.{name}"),
+                "connection names use letters, digits, '-' and '_'",
+            ));
+        }
+        for required in ["bootstrap.servers", "group.id"] {
+            match self.kafka.get(required) {
+                Some(v) if !v.trim().is_empty() => {}
+                _ => {
+                    return Err(ConfigError::invalid(
+                        key(&format!("kafka.\"{required}\"")),
+                        "is required",
+                    ))
+                }
+            }
+        }
+        for (prop, wanted, why) in OWNED_PROPERTIES {
+            if let Some(v) = self.kafka.get(*prop) {
+                if !v.eq_ignore_ascii_case(wanted) {
+                    return Err(ConfigError::invalid(
+                        key(&format!("kafka.\"{prop}\"")),
+                        format!("must be {wanted} (or left out): {why}"),
+                    ));
+                }
+            }
+        }
+        if self.triggers.is_empty() {
+            return Err(ConfigError::invalid(key("triggers"), "at least one trigger is required"));
+        }
+        let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+        for (tname, trigger) in &self.triggers {
+            trigger.validate(&key(&format!("triggers.{tname}")))?;
+            for topic in &trigger.topics {
+                if let Some(other) = seen.insert(topic.as_str(), tname.as_str()) {
+                    return Err(ConfigError::invalid(
+                        key(&format!("triggers.{tname}.topics")),
+                        format!("topic {topic} is also in trigger {other}; a topic belongs to one trigger per connection (use another connection with its own group.id to start two workflows)"),
+                    ));
+                }
+            }
+            if trigger.needs_registry() && self.schema_registry.is_none() {
+                return Err(ConfigError::invalid(
+                    key(&format!("triggers.{tname}")),
+                    "key_format or value_format is schema_registry but the connection has no schema_registry",
+                ));
+            }
+        }
+        if self.max_buffered_per_partition == 0 {
+            return Err(ConfigError::invalid(key("max_buffered_per_partition"), "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// The topics the connection's consumer subscribes to.
+    pub fn topics(&self) -> BTreeSet<&str> {
+        self.triggers
+            .values()
+            .flat_map(|t| t.topics.iter().map(String::as_str))
+            .collect()
+    }
+
+    /// The consumer group id.
+    pub fn group_id(&self) -> &str {
+        self.kafka.get("group.id").map(String::as_str).unwrap_or_default()
+    }
+
+    /// The trigger that owns `topic`.
+    pub fn trigger_for(&self, topic: &str) -> Option<(&str, &TriggerConfig)> {
+        self.triggers
+            .iter()
+            .find(|(_, t)| t.topics.iter().any(|x| x == topic))
+            .map(|(n, t)| (n.as_str(), t))
+    }
+}

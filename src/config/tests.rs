@@ -1,0 +1,126 @@
+use super::*;
+
+const MINIMAL: &str = r#"
+[connections.orders.kafka]
+"bootstrap.servers" = "127.0.0.1:9092"
+"group.id" = "tessel-orders"
+"sasl.password" = "hunter2"
+
+[connections.orders.triggers.fraud]
+topics = ["payments"]
+workflow = "fraud-check"
+dispatcher = { url = "http://127.0.0.1:8080/runs" }
+"#;
+
+fn load(text: &str) -> Result<Config, ConfigError> {
+    Config::from_toml_with_env(text, Vec::new())
+}
+
+#[test]
+fn minimal_config_gets_documented_defaults() {
+    let c = load(MINIMAL).unwrap();
+    let conn = &c.connections["orders"];
+    assert_eq!(conn.group_id(), "tessel-orders");
+    assert_eq!(conn.drain_timeout_ms, 30_000);
+    let t = &conn.triggers["fraud"];
+    assert_eq!(t.concurrency, 16);
+    assert_eq!(t.ordering, Ordering::Key);
+    assert_eq!(t.value_format, PayloadFormat::Auto);
+    assert_eq!(c.server.listen.port(), 9464);
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let text = MINIMAL.replace("workflow = ", "wrokflow = \"x\"\nworkflow = ");
+    let err = load(&text).unwrap_err().to_string();
+    assert!(err.contains("wrokflow"), "{err}");
+    assert!(err.contains("connections.orders.triggers.fraud"), "{err}");
+    assert!(!err.contains('\n'));
+}
+
+#[test]
+fn missing_bootstrap_servers_is_named() {
+    let text = MINIMAL.replace("\"bootstrap.servers\" = \"127.0.0.1:9092\"\n", "");
+    let err = load(&text).unwrap_err().to_string();
+    assert!(err.contains("bootstrap.servers"), "{err}");
+}
+
+#[test]
+fn trigger_without_topics_is_refused() {
+    let text = MINIMAL.replace("topics = [\"payments\"]", "topics = []");
+    let err = load(&text).unwrap_err().to_string();
+    assert!(err.contains("connections.orders.triggers.fraud.topics"), "{err}");
+}
+
+#[test]
+fn read_uncommitted_is_refused_with_the_reason() {
+    let text = MINIMAL.replace(
+        "\"group.id\"",
+        "\"isolation.level\" = \"read_uncommitted\"\n\"group.id\"",
+    );
+    let err = load(&text).unwrap_err().to_string();
+    assert!(err.contains("isolation.level"), "{err}");
+    assert!(err.contains("aborted transactions"), "{err}");
+}
+
+#[test]
+fn env_overrides_kafka_properties_and_fields() {
+    let env = vec![
+        (
+            "TESSEL_KAFKA__CONNECTIONS__ORDERS__KAFKA__BOOTSTRAP_SERVERS".to_owned(),
+            "broker:9093".to_owned(),
+        ),
+        (
+            "TESSEL_KAFKA__CONNECTIONS__ORDERS__TRIGGERS__FRAUD__CONCURRENCY".to_owned(),
+            "64".to_owned(),
+        ),
+        (
+            "TESSEL_KAFKA__CONNECTIONS__ORDERS__TRIGGERS__FRAUD__TOPICS".to_owned(),
+            "[\"a\", \"b\"]".to_owned(),
+        ),
+    ];
+    let c = Config::from_toml_with_env(MINIMAL, env).unwrap();
+    let conn = &c.connections["orders"];
+    assert_eq!(conn.kafka["bootstrap.servers"], "broker:9093");
+    assert_eq!(conn.triggers["fraud"].concurrency, 64);
+    assert_eq!(conn.triggers["fraud"].topics, vec!["a", "b"]);
+}
+
+#[test]
+fn secrets_are_redacted_in_output() {
+    let text = MINIMAL.replace(
+        "dispatcher = { url = \"http://127.0.0.1:8080/runs\" }",
+        "dispatcher = { url = \"http://127.0.0.1:8080/runs\", token = \"tok-s3cret\" }",
+    );
+    let c = load(&text).unwrap();
+    let shown = toml::to_string(&c).unwrap();
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(!shown.contains("tok-s3cret"), "{shown}");
+    assert!(!format!("{c:?}").contains("tok-s3cret"));
+    assert!(shown.contains(REDACTED));
+}
+
+#[test]
+fn a_topic_belongs_to_one_trigger() {
+    let text = format!(
+        "{MINIMAL}\n[connections.orders.triggers.other]\ntopics = [\"payments\"]\nworkflow = \"w\"\ndispatcher = {{ url = \"http://x/\" }}\n"
+    );
+    let err = load(&text).unwrap_err().to_string();
+    assert!(err.contains("payments"), "{err}");
+}
+
+#[test]
+fn example_config_is_valid() {
+    let text = include_str!("../../config/example.toml")
+        .replace("{ env = \"TESSEL_ORDERS_KAFKA_PASSWORD\" }", "\"from-env\"");
+    let c = load(&text).unwrap();
+    assert!(!c.connections.is_empty());
+}
+
+#[test]
+fn missing_secret_source_is_named() {
+    let text = MINIMAL.replace("\"hunter2\"", "{ env = \"TESSEL_TEST_SURELY_UNSET_VAR\" }");
+    let err = load(&text).unwrap_err().to_string();
+    assert!(err.contains("TESSEL_TEST_SURELY_UNSET_VAR"), "{err}");
+    assert!(err.contains("sasl.password"), "{err}");
+}

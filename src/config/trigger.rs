@@ -1,0 +1,162 @@
+//! `[connections.<name>.triggers.<trigger>]`: which topics start which workflow, and how.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::secret::Secret;
+use super::ConfigError;
+
+/// A trigger: messages of its topics start runs of one workflow through the run dispatcher.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerConfig {
+    /// Topics whose messages start runs. Required, at least one.
+    pub topics: Vec<String>,
+    /// The workflow a message starts; sent in the event as `workflow`.
+    pub workflow: String,
+    /// Where runs are started.
+    pub dispatcher: DispatcherConfig,
+    /// Runs in flight at most, across all partitions of the trigger's topics. Default 16.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// `key` (default): same key in order, different keys in parallel; `partition`: one run at
+    /// a time per partition; `unordered`: any message may start as soon as there is room.
+    #[serde(default)]
+    pub ordering: Ordering,
+    /// How keys are decoded. Default `auto`.
+    #[serde(default)]
+    pub key_format: PayloadFormat,
+    /// How values are decoded. Default `auto`.
+    #[serde(default)]
+    pub value_format: PayloadFormat,
+    /// What happens to a message that cannot be decoded or that the dispatcher rejects.
+    /// Default `block`.
+    #[serde(default)]
+    pub on_error: ErrorPolicy,
+    /// Backoff between attempts of one message.
+    #[serde(default)]
+    pub retry: RetryConfig,
+}
+
+/// The run dispatcher endpoint of a trigger.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatcherConfig {
+    /// URL the event is POSTed to.
+    pub url: url::Url,
+    /// Bearer token sent as `Authorization: Bearer …`.
+    #[serde(default)]
+    pub token: Option<Secret>,
+    /// Extra request headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Timeout of one dispatch request. Default 30000.
+    #[serde(default = "default_dispatch_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+/// Ordering guarantee of a trigger.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Ordering {
+    /// Per key within a partition. Messages without a key are ordered among themselves.
+    #[default]
+    Key,
+    /// Strictly per partition.
+    Partition,
+    /// No ordering.
+    Unordered,
+}
+
+/// How a key or value is decoded.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PayloadFormat {
+    /// Schema Registry framing when present (and a registry is configured), else JSON when it
+    /// parses as a JSON object or array, else UTF-8 text, else bytes.
+    #[default]
+    Auto,
+    /// Confluent wire format, required.
+    SchemaRegistry,
+    /// JSON text.
+    Json,
+    /// UTF-8 text.
+    String,
+    /// Raw bytes, base64 in the event.
+    Bytes,
+}
+
+/// What to do with a message that cannot be decoded or that the dispatcher rejects.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorPolicy {
+    /// Retry forever; the message's key waits (its partition, with `ordering = "partition"`).
+    #[default]
+    Block,
+    /// Log and count, then treat the message as handled.
+    Skip,
+}
+
+/// Exponential backoff with full jitter.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    /// First delay. Default 200.
+    #[serde(default = "default_initial_backoff_ms")]
+    pub initial_backoff_ms: u64,
+    /// Largest delay. Default 30000.
+    #[serde(default = "default_max_backoff_ms")]
+    pub max_backoff_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            initial_backoff_ms: default_initial_backoff_ms(),
+            max_backoff_ms: default_max_backoff_ms(),
+        }
+    }
+}
+
+fn default_concurrency() -> usize {
+    16
+}
+fn default_dispatch_timeout_ms() -> u64 {
+    30_000
+}
+fn default_initial_backoff_ms() -> u64 {
+    200
+}
+fn default_max_backoff_ms() -> u64 {
+    30_000
+}
+
+impl TriggerConfig {
+    pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if self.topics.is_empty() || self.topics.iter().any(|t| t.trim().is_empty()) {
+            return Err(ConfigError::invalid(
+                format!("{key}.topics"),
+                "at least one non-empty topic is required",
+            ));
+        }
+        if self.concurrency == 0 {
+            return Err(ConfigError::invalid(format!("{key}.concurrency"), "must be at least 1"));
+        }
+        if self.retry.initial_backoff_ms == 0 || self.retry.max_backoff_ms < self.retry.initial_backoff_ms {
+            return Err(ConfigError::invalid(
+                format!("{key}.retry"),
+                "initial_backoff_ms must be at least 1 and not above max_backoff_ms",
+            ));
+        }
+        if !matches!(self.dispatcher.url.scheme(), "http" | "https") {
+            return Err(ConfigError::invalid(format!("{key}.dispatcher.url"), "must be http or https"));
+        }
+        Ok(())
+    }
+
+    pub(super) fn needs_registry(&self) -> bool {
+        self.key_format == PayloadFormat::SchemaRegistry
+            || self.value_format == PayloadFormat::SchemaRegistry
+    }
+}

@@ -1,0 +1,206 @@
+//! A local run dispatcher for the quick start and the tests: accepts runs, prints one line per
+//! run, remembers idempotency keys (answering 409 to a repeat), and injects faults on request:
+//! latency, a share of failures, failures for given idempotency keys, or every request.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+
+/// Fault injection settings; change them at any time through [`DevDispatcher::faults`].
+#[derive(Clone, Debug)]
+pub struct Faults {
+    /// Each request waits a uniform time in this range (milliseconds).
+    pub latency_ms: (u64, u64),
+    /// Share of requests answered with `fail_status` (0.0 to 1.0).
+    pub fail_ratio: f64,
+    /// Status of injected failures.
+    pub fail_status: u16,
+    /// Retry-After (seconds) sent with injected failures.
+    pub retry_after_secs: Option<u64>,
+    /// Idempotency keys that always fail with `fail_status`.
+    pub fail_keys: HashSet<String>,
+    /// When set, every request fails with this status.
+    pub fail_all: Option<u16>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self {
+            latency_ms: (0, 0),
+            fail_ratio: 0.0,
+            fail_status: 503,
+            retry_after_secs: None,
+            fail_keys: HashSet::new(),
+            fail_all: None,
+        }
+    }
+}
+
+/// One accepted run.
+#[derive(Clone, Debug)]
+pub struct AcceptedRun {
+    /// The Idempotency-Key header.
+    pub idempotency_key: String,
+    /// The event.
+    pub event: serde_json::Value,
+    /// The traceparent header, if sent.
+    pub traceparent: Option<String>,
+    /// The Authorization header, if sent.
+    pub authorization: Option<String>,
+}
+
+#[derive(Default)]
+struct Inner {
+    runs: Vec<AcceptedRun>,
+    accepted_keys: HashMap<String, usize>,
+}
+
+/// Shared state of a running dev dispatcher.
+#[derive(Default)]
+pub struct DevState {
+    inner: Mutex<Inner>,
+    faults: Mutex<Faults>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    attempts: AtomicU64,
+    repeats: AtomicU64,
+    print: bool,
+}
+
+/// A dev dispatcher bound to a local address.
+#[derive(Clone)]
+pub struct DevDispatcher {
+    state: Arc<DevState>,
+    addr: SocketAddr,
+}
+
+impl DevDispatcher {
+    /// Binds `listen` and serves until `shutdown` fires. `print` writes a line per run to stdout.
+    pub async fn start(listen: SocketAddr, faults: Faults, print: bool, shutdown: CancellationToken) -> std::io::Result<Self> {
+        let state = Arc::new(DevState {
+            faults: Mutex::new(faults),
+            print,
+            ..DevState::default()
+        });
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let app = Router::new().fallback(handle).with_state(Arc::clone(&state));
+        let _ = tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await;
+        });
+        Ok(Self { state, addr })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The URL runs are POSTed to.
+    pub fn url(&self) -> String {
+        format!("http://{}/runs", self.addr)
+    }
+
+    /// Changes the fault settings.
+    pub fn faults(&self, f: impl FnOnce(&mut Faults)) {
+        f(&mut self.state.faults.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Accepted runs, in acceptance order (first acceptance of each key only).
+    pub fn runs(&self) -> Vec<AcceptedRun> {
+        self.state.inner.lock().unwrap_or_else(|p| p.into_inner()).runs.clone()
+    }
+
+    /// How many runs were accepted.
+    pub fn accepted(&self) -> usize {
+        self.state.inner.lock().unwrap_or_else(|p| p.into_inner()).runs.len()
+    }
+
+    /// Requests for an idempotency key that had already been accepted.
+    pub fn repeats(&self) -> u64 {
+        self.state.repeats.load(Ordering::SeqCst)
+    }
+
+    /// All requests received.
+    pub fn attempts(&self) -> u64 {
+        self.state.attempts.load(Ordering::SeqCst)
+    }
+
+    /// The most requests ever in flight at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.state.max_in_flight.load(Ordering::SeqCst)
+    }
+}
+
+async fn handle(State(state): State<Arc<DevState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let _ = state.attempts.fetch_add(1, Ordering::SeqCst);
+    let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    let _ = state.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    let response = respond(&state, &headers, &body).await;
+    let _ = state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    response
+}
+
+async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Response {
+    let faults = state.faults.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let (lo, hi) = faults.latency_ms;
+    if hi > 0 {
+        let ms = if hi > lo { rand::random_range(lo..=hi) } else { hi };
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let Some(key) = header("idempotency-key") else {
+        return (StatusCode::BAD_REQUEST, "missing Idempotency-Key").into_response();
+    };
+    let fail = faults.fail_all.or_else(|| {
+        let random = faults.fail_ratio > 0.0 && rand::random::<f64>() < faults.fail_ratio;
+        (random || faults.fail_keys.contains(&key)).then_some(faults.fail_status)
+    });
+    if let Some(status) = fail {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        let mut resp = (status, "injected failure").into_response();
+        if let Some(s) = faults.retry_after_secs {
+            let _ = resp.headers_mut().insert("retry-after", s.into());
+        }
+        return resp;
+    }
+    let Ok(event) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return (StatusCode::BAD_REQUEST, "body is not JSON").into_response();
+    };
+    let mut inner = state.inner.lock().unwrap_or_else(|p| p.into_inner());
+    let count = inner.accepted_keys.entry(key.clone()).or_default();
+    *count += 1;
+    if *count > 1 {
+        let _ = state.repeats.fetch_add(1, Ordering::SeqCst);
+        return (StatusCode::CONFLICT, "already accepted").into_response();
+    }
+    if state.print {
+        println!(
+            "run accepted workflow={} topic={} partition={} offset={} key={} value={}",
+            event["workflow"].as_str().unwrap_or("?"),
+            event["topic"].as_str().unwrap_or("?"),
+            event["partition"],
+            event["offset"],
+            event["key"],
+            event["value"]
+        );
+    }
+    inner.runs.push(AcceptedRun {
+        idempotency_key: key,
+        event,
+        traceparent: header("traceparent"),
+        authorization: header("authorization"),
+    });
+    (StatusCode::ACCEPTED, "accepted").into_response()
+}

@@ -1,0 +1,87 @@
+//! Starting runs: the HTTP run dispatcher client and the retry policy.
+//!
+//! A dispatch is accepted on 2xx, and on 409 (the dispatcher already accepted this
+//! idempotency key). Everything else is classified into [`DispatchOutcome`].
+
+mod http;
+pub mod retry;
+
+pub use http::HttpDispatcher;
+
+use std::time::Duration;
+
+/// The answer to one dispatch attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DispatchOutcome {
+    /// The run was started (2xx) or had been started already (409).
+    Accepted {
+        /// HTTP status.
+        status: u16,
+    },
+    /// Try again later: 5xx, 408, 429, timeouts and connection errors.
+    Retryable {
+        /// HTTP status, when there was an answer.
+        status: Option<u16>,
+        /// What happened.
+        reason: String,
+        /// The dispatcher's Retry-After, when given.
+        retry_after: Option<Duration>,
+    },
+    /// The dispatcher refused this message (400, 404, 410, 422 and other 4xx).
+    Rejected {
+        /// HTTP status.
+        status: u16,
+        /// The start of the answer body.
+        reason: String,
+    },
+    /// 401 or 403: the trigger's dispatcher credentials are wrong.
+    Unauthorized {
+        /// HTTP status.
+        status: u16,
+        /// The start of the answer body.
+        reason: String,
+    },
+}
+
+impl DispatchOutcome {
+    /// A bounded label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Accepted { .. } => "accepted",
+            Self::Retryable { .. } => "retryable",
+            Self::Rejected { .. } => "rejected",
+            Self::Unauthorized { .. } => "unauthorized",
+        }
+    }
+}
+
+/// Classifies an HTTP answer.
+pub fn classify(status: u16, body: &str, retry_after: Option<Duration>) -> DispatchOutcome {
+    let reason = body.chars().take(200).collect::<String>();
+    match status {
+        200..=299 | 409 => DispatchOutcome::Accepted { status },
+        401 | 403 => DispatchOutcome::Unauthorized { status, reason },
+        408 | 429 | 500..=599 => DispatchOutcome::Retryable {
+            status: Some(status),
+            reason: if reason.is_empty() { format!("HTTP {status}") } else { format!("HTTP {status}: {reason}") },
+            retry_after,
+        },
+        _ => DispatchOutcome::Rejected { status, reason },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_statuses() {
+        assert_eq!(classify(202, "", None).label(), "accepted");
+        assert_eq!(classify(409, "", None).label(), "accepted");
+        assert_eq!(classify(500, "", None).label(), "retryable");
+        assert_eq!(classify(429, "", Some(Duration::from_secs(2))), DispatchOutcome::Retryable { status: Some(429), reason: "HTTP 429".into(), retry_after: Some(Duration::from_secs(2)) });
+        assert_eq!(classify(422, "bad", None).label(), "rejected");
+        assert_eq!(classify(401, "", None).label(), "unauthorized");
+        assert_eq!(classify(403, "", None).label(), "unauthorized");
+    }
+}

@@ -1,0 +1,158 @@
+//! The event a message becomes: what the run dispatcher receives. The contract is written
+//! down in `docs/event.md` and `docs/event.schema.json`.
+
+use base64::Engine as _;
+use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::Timestamp;
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use crate::codec::{Decoded, SchemaInfo};
+
+/// A topic and partition.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TopicPartition {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: i32,
+}
+
+impl std::fmt::Display for TopicPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]", self.topic, self.partition)
+    }
+}
+
+/// One record header. Order and duplicates are kept.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct EventHeader {
+    /// Header name.
+    pub name: String,
+    /// The value: UTF-8 text, or base64 when not valid UTF-8; null when the header has none.
+    pub value: Option<String>,
+    /// `utf8` or `base64`.
+    pub encoding: &'static str,
+}
+
+/// The JSON body POSTed to the run dispatcher.
+#[derive(Clone, Debug, Serialize)]
+pub struct Event<'a> {
+    /// The idempotency key: stable for this record in this consumer group.
+    pub id: &'a str,
+    /// Connection name.
+    pub connection: &'a str,
+    /// Trigger name.
+    pub trigger: &'a str,
+    /// Workflow to start.
+    pub workflow: &'a str,
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Record timestamp, RFC 3339 with milliseconds, UTC; null when the record has none.
+    pub timestamp: Option<String>,
+    /// Record timestamp in milliseconds since the epoch.
+    pub timestamp_ms: Option<i64>,
+    /// `create_time`, `log_append_time` or `not_available`.
+    pub timestamp_type: &'static str,
+    /// The decoded key.
+    pub key: &'a Json,
+    /// How the key was decoded.
+    pub key_schema: &'a SchemaInfo,
+    /// The record headers.
+    pub headers: &'a [EventHeader],
+    /// The decoded value.
+    pub value: &'a Json,
+    /// How the value was decoded.
+    pub value_schema: &'a SchemaInfo,
+}
+
+/// Where an event came from and what it is called.
+#[derive(Clone, Copy, Debug)]
+pub struct EventSource<'a> {
+    /// Connection name.
+    pub connection: &'a str,
+    /// Trigger name.
+    pub trigger: &'a str,
+    /// Workflow.
+    pub workflow: &'a str,
+}
+
+/// The idempotency key of a record: the same on every redelivery to this group.
+pub fn idempotency_key(group: &str, topic: &str, partition: i32, offset: i64) -> String {
+    format!("kafka:{group}:{topic}:{partition}:{offset}")
+}
+
+/// The headers of a record, in order, duplicates kept.
+pub fn headers_of(msg: &OwnedMessage) -> Vec<EventHeader> {
+    let Some(headers) = msg.headers() else {
+        return Vec::new();
+    };
+    headers
+        .iter()
+        .map(|h| {
+            let (value, encoding) = match h.value {
+                None => (None, "utf8"),
+                Some(bytes) => match std::str::from_utf8(bytes) {
+                    Ok(s) => (Some(s.to_owned()), "utf8"),
+                    Err(_) => (
+                        Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
+                        "base64",
+                    ),
+                },
+            };
+            EventHeader {
+                name: h.key.to_owned(),
+                value,
+                encoding,
+            }
+        })
+        .collect()
+}
+
+/// The W3C `traceparent` header of a record, if it carries a valid-looking one.
+pub fn traceparent(headers: &[EventHeader]) -> Option<&str> {
+    headers
+        .iter()
+        .rev()
+        .find(|h| h.name.eq_ignore_ascii_case("traceparent") && h.encoding == "utf8")
+        .and_then(|h| h.value.as_deref())
+        .filter(|v| v.len() == 55 && v.is_ascii())
+}
+
+/// Serialises the event for `msg`.
+pub fn render(
+    source: EventSource<'_>,
+    id: &str,
+    msg: &OwnedMessage,
+    headers: &[EventHeader],
+    key: &Decoded,
+    value: &Decoded,
+) -> Vec<u8> {
+    let (timestamp_ms, timestamp_type) = match msg.timestamp() {
+        Timestamp::NotAvailable => (None, "not_available"),
+        Timestamp::CreateTime(t) => (Some(t), "create_time"),
+        Timestamp::LogAppendTime(t) => (Some(t), "log_append_time"),
+    };
+    let event = Event {
+        id,
+        connection: source.connection,
+        trigger: source.trigger,
+        workflow: source.workflow,
+        topic: msg.topic(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+        timestamp: timestamp_ms.map(crate::codec::rfc3339_millis),
+        timestamp_ms,
+        timestamp_type,
+        key: &key.value,
+        key_schema: &key.schema,
+        headers,
+        value: &value.value,
+        value_schema: &value.schema,
+    };
+    serde_json::to_vec(&event).unwrap_or_else(|_| b"{}".to_vec())
+}

@@ -1,0 +1,127 @@
+//! The librdkafka client context: logs into tracing, and rebalance callbacks that only hand
+//! events to the async side.
+//!
+//! Why the revoke callback blocks: librdkafka releases revoked partitions when the callback
+//! returns. The supervisor must first finish or abandon in-flight runs and commit what was
+//! accepted, so the callback sends a `Revoked` event and waits for the supervisor's ack (or a
+//! deadline). It never decodes, dispatches or takes a lock itself.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::sync_channel;
+use std::time::Duration;
+
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::TopicPartitionList;
+use tokio::sync::mpsc;
+
+use super::ConsumerEvent;
+use crate::event::TopicPartition;
+
+/// Context shared by the consumer of one connection.
+pub struct ConnectorContext {
+    connection: String,
+    events: mpsc::Sender<ConsumerEvent>,
+    /// Set once the supervisor has committed for shutdown: callbacks then do nothing.
+    closing: AtomicBool,
+    /// Upper bound on how long a revoke callback waits for the supervisor.
+    revoke_wait: Duration,
+}
+
+impl ConnectorContext {
+    pub(crate) fn new(connection: String, events: mpsc::Sender<ConsumerEvent>, revoke_wait: Duration) -> Self {
+        Self {
+            connection,
+            events,
+            closing: AtomicBool::new(false),
+            revoke_wait,
+        }
+    }
+
+    pub(crate) fn set_closing(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+}
+
+pub(crate) fn partitions_of(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
+    tpl.elements()
+        .iter()
+        .map(|e| TopicPartition {
+            topic: e.topic().to_owned(),
+            partition: e.partition(),
+        })
+        .collect()
+}
+
+impl ClientContext for ConnectorContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        let c = self.connection.as_str();
+        match level {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+            }
+            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", connection = c, facility = fac, "{log_message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", connection = c, facility = fac, "{log_message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(target: "librdkafka", connection = %self.connection, error = %error, "kafka client error: {reason}");
+    }
+}
+
+impl ConsumerContext for ConnectorContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else {
+            return;
+        };
+        if self.is_closing() || tpl.count() == 0 {
+            return;
+        }
+        let lost = consumer.assignment_lost();
+        let (ack, done) = sync_channel(1);
+        let event = ConsumerEvent::Revoked {
+            partitions: partitions_of(tpl),
+            lost,
+            ack,
+        };
+        if self.events.blocking_send(event).is_ok() {
+            let _ = done.recv_timeout(self.revoke_wait);
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) if !self.is_closing() && tpl.count() > 0 => {
+                let _ = self.events.blocking_send(ConsumerEvent::Assigned(partitions_of(tpl)));
+            }
+            Rebalance::Error(e) => {
+                tracing::warn!(connection = %self.connection, error = %e, "rebalance failed");
+            }
+            _ => {}
+        }
+    }
+
+    fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => {
+                crate::telemetry::metrics::commit(&self.connection, true);
+                tracing::debug!(connection = %self.connection, partitions = offsets.count(), "offsets committed");
+            }
+            Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => {
+                crate::telemetry::metrics::commit(&self.connection, false);
+                tracing::warn!(connection = %self.connection, error = %e, "offset commit failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! The Kafka side of a connection.
+//!
+//! # Delivery guarantee
+//! At least once, with no duplicates after an orderly hand-over: an offset is stored only
+//! after the run for that message and every earlier message of the partition was accepted
+//! (or deliberately skipped), librdkafka commits stored offsets in the background, and every
+//! revoke and shutdown commits synchronously after draining. After a crash, messages whose
+//! acceptance was not yet committed are dispatched again with the same idempotency key.
+//! Reads use `read_committed`, so records of aborted transactions never reach a worker.
+//!
+//! # Threads
+//! One OS thread per connection polls librdkafka ([`poll_loop`]); callbacks only hand events
+//! to the async [`supervisor`], which schedules messages per key ([`scheduler`]), tracks
+//! offsets ([`offsets`]) and spawns a task per started message ([`worker`]).
+
+pub mod context;
+pub mod offsets;
+mod poll_loop;
+pub mod scheduler;
+pub mod supervisor;
+pub mod worker;
+
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::error::KafkaError;
+use rdkafka::message::OwnedMessage;
+
+use crate::config::ConnectionConfig;
+use crate::event::TopicPartition;
+
+/// What the poll thread and the callbacks hand to the supervisor, in order.
+#[derive(Debug)]
+pub enum ConsumerEvent {
+    /// A message.
+    Message(OwnedMessage),
+    /// The consumer's next-read positions, after the messages before this event.
+    Positions(Vec<(TopicPartition, i64)>),
+    /// Partitions were assigned (added, with cooperative rebalancing).
+    Assigned(Vec<TopicPartition>),
+    /// Partitions are being revoked; librdkafka releases them once `ack` is sent.
+    Revoked {
+        /// The partitions.
+        partitions: Vec<TopicPartition>,
+        /// The assignment was lost (session timeout, fenced): commits would fail.
+        lost: bool,
+        /// Sent when the supervisor has drained and committed.
+        ack: std::sync::mpsc::SyncSender<()>,
+    },
+    /// An error returned by poll.
+    Error(KafkaError),
+}
+
+/// Properties the connector sets when the user did not, with the reason.
+const DEFAULTS: &[(&str, &str)] = &[
+    // Never lose a message of a new group: start at the beginning of each partition.
+    ("auto.offset.reset", "earliest"),
+    // Stored offsets reach the broker within a second.
+    ("auto.commit.interval.ms", "1000"),
+    // Bound librdkafka's prefetch so memory stays flat with many partitions.
+    ("queued.max.messages.kbytes", "16384"),
+    ("queued.min.messages", "1000"),
+    ("statistics.interval.ms", "0"),
+];
+
+/// The librdkafka configuration of a connection's consumer.
+pub fn consumer_config(name: &str, conn: &ConnectionConfig) -> ClientConfig {
+    let mut cfg = ClientConfig::new();
+    for (k, v) in &conn.kafka {
+        let _ = cfg.set(k, v);
+    }
+    for (k, v) in DEFAULTS {
+        if !conn.kafka.contains_key(*k) {
+            let _ = cfg.set(*k, *v);
+        }
+    }
+    if !conn.kafka.contains_key("client.id") {
+        let _ = cfg.set("client.id", format!("tessel-kafka-{name}"));
+    }
+    let kip848 = conn
+        .kafka
+        .get("group.protocol")
+        .is_some_and(|p| p.eq_ignore_ascii_case("consumer"));
+    if !kip848 && !conn.kafka.contains_key("partition.assignment.strategy") {
+        let _ = cfg.set("partition.assignment.strategy", "cooperative-sticky");
+    }
+    // Owned by the connector (validated in the config): see crate::config.
+    let _ = cfg
+        .set("enable.auto.offset.store", "false")
+        .set("enable.auto.commit", "true")
+        .set("isolation.level", "read_committed");
+    cfg.set_log_level(RDKafkaLogLevel::Info);
+    cfg
+}

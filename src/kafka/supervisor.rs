@@ -1,0 +1,518 @@
+//! The supervisor of one connection: owns the consumer, routes messages to partition queues,
+//! starts workers within each trigger's concurrency, stores offsets as runs are accepted, and
+//! drains on revoke and shutdown.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::{Offset, TopicPartitionList};
+use thiserror::Error;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::context::ConnectorContext;
+use super::offsets::OffsetTracker;
+use super::scheduler::PartitionQueue;
+use super::worker::{self, TriggerRuntime, WorkOutcome};
+use super::{consumer_config, ConsumerEvent};
+use crate::codec::registry::RegistryClient;
+use crate::codec::Decoder;
+use crate::config::ConnectionConfig;
+use crate::dispatch::retry::Backoff;
+use crate::dispatch::HttpDispatcher;
+use crate::event::TopicPartition;
+use crate::telemetry::metrics;
+
+/// Why a connection could not start or stopped.
+#[derive(Debug, Error)]
+pub enum SupervisorError {
+    /// The consumer could not be created or subscribed.
+    #[error("kafka consumer for connection {connection}: {source}")]
+    Kafka {
+        /// Connection name.
+        connection: String,
+        /// librdkafka's error.
+        source: rdkafka::error::KafkaError,
+    },
+    /// A trigger's dispatcher or the registry client could not be built.
+    #[error("connection {connection}: {reason}")]
+    Setup {
+        /// Connection name.
+        connection: String,
+        /// Why.
+        reason: String,
+    },
+    /// The poll thread could not be started.
+    #[error("cannot start the poll thread of connection {0}: {1}")]
+    Thread(String, std::io::Error),
+}
+
+type Consumer_ = BaseConsumer<ConnectorContext>;
+
+struct PartitionState {
+    trigger: Arc<TriggerRuntime>,
+    generation: u64,
+    queue: PartitionQueue<OwnedMessage>,
+    tracker: OffsetTracker,
+    /// Positions are trusted only after a message of this assignment arrived (a position left
+    /// over from an earlier assignment of the partition could be ahead of what was handled).
+    received_any: bool,
+    paused: bool,
+    buffered_bytes: usize,
+    /// Stops retries of this partition's messages (revoke, shutdown).
+    drain: CancellationToken,
+    /// Abandons even attempts in progress (lost assignment, drain deadline).
+    cancel: CancellationToken,
+}
+
+struct Completion {
+    tp: TopicPartition,
+    generation: u64,
+    offset: i64,
+    key: Option<Vec<u8>>,
+    outcome: WorkOutcome,
+}
+
+struct PendingRevoke {
+    partitions: Vec<TopicPartition>,
+    lost: bool,
+    ack: std::sync::mpsc::SyncSender<()>,
+    deadline: Instant,
+}
+
+/// Runs one connection.
+pub struct ConnectionSupervisor {
+    name: String,
+    config: ConnectionConfig,
+    consumer: Arc<Consumer_>,
+    events: mpsc::Receiver<ConsumerEvent>,
+    events_tx: mpsc::Sender<ConsumerEvent>,
+    triggers: HashMap<String, Arc<TriggerRuntime>>,
+    partitions: HashMap<TopicPartition, PartitionState>,
+    generation: u64,
+    completions_tx: mpsc::UnboundedSender<Completion>,
+    completions: mpsc::UnboundedReceiver<Completion>,
+    tasks: TaskTracker,
+    buffered_bytes: usize,
+    pending_revoke: Option<PendingRevoke>,
+}
+
+const EVENT_CHANNEL: usize = 1024;
+
+impl ConnectionSupervisor {
+    /// Creates the consumer and the triggers' clients; opens no connection yet.
+    pub fn try_new(name: &str, config: &ConnectionConfig) -> Result<Self, SupervisorError> {
+        let setup = |reason: String| SupervisorError::Setup {
+            connection: name.to_owned(),
+            reason,
+        };
+        let registry = match &config.schema_registry {
+            Some(r) => Some(Arc::new(
+                RegistryClient::try_new(r).map_err(|e| setup(format!("schema registry client: {e}")))?,
+            )),
+            None => None,
+        };
+        let decoder = Decoder::new(registry);
+        let mut triggers = HashMap::new();
+        for (tname, t) in &config.triggers {
+            let dispatcher = HttpDispatcher::try_new(&t.dispatcher)
+                .map_err(|e| setup(format!("trigger {tname} dispatcher: {e}")))?;
+            let runtime = Arc::new(TriggerRuntime {
+                connection: name.to_owned(),
+                group: config.group_id().to_owned(),
+                name: tname.clone(),
+                config: t.clone(),
+                dispatcher,
+                permits: Arc::new(Semaphore::new(t.concurrency)),
+                backoff: Backoff::new(
+                    Duration::from_millis(t.retry.initial_backoff_ms),
+                    Duration::from_millis(t.retry.max_backoff_ms),
+                ),
+                decoder: decoder.clone(),
+            });
+            for topic in &t.topics {
+                let _ = triggers.insert(topic.clone(), Arc::clone(&runtime));
+            }
+        }
+        let (events_tx, events) = mpsc::channel(EVENT_CHANNEL);
+        let revoke_wait = Duration::from_millis(config.drain_timeout_ms) + Duration::from_secs(10);
+        let context = ConnectorContext::new(name.to_owned(), events_tx.clone(), revoke_wait);
+        let consumer: Consumer_ = consumer_config(name, config)
+            .create_with_context(context)
+            .map_err(|source| SupervisorError::Kafka {
+                connection: name.to_owned(),
+                source,
+            })?;
+        let (completions_tx, completions) = mpsc::unbounded_channel();
+        Ok(Self {
+            name: name.to_owned(),
+            config: config.clone(),
+            consumer: Arc::new(consumer),
+            events,
+            events_tx,
+            triggers,
+            partitions: HashMap::new(),
+            generation: 0,
+            completions_tx,
+            completions,
+            tasks: TaskTracker::new(),
+            buffered_bytes: 0,
+            pending_revoke: None,
+        })
+    }
+
+    /// Subscribes and runs until `shutdown` fires; then drains, commits and closes.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), SupervisorError> {
+        let topics: Vec<&str> = self.config.topics().into_iter().collect();
+        self.consumer
+            .subscribe(&topics)
+            .map_err(|source| SupervisorError::Kafka {
+                connection: self.name.clone(),
+                source,
+            })?;
+        tracing::info!(connection = %self.name, topics = ?topics, group = self.config.group_id(), "consumer subscribed");
+        let stop = Arc::new(AtomicBool::new(false));
+        let poll_thread = super::poll_loop::spawn_poll_loop(
+            &self.name,
+            Arc::clone(&self.consumer),
+            self.events_tx.clone(),
+            Arc::clone(&stop),
+        )
+        .map_err(|e| SupervisorError::Thread(self.name.clone(), e))?;
+
+        loop {
+            let revoke_deadline = self.pending_revoke.as_ref().map(|r| r.deadline);
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                Some(c) = self.completions.recv() => self.on_completion(c),
+                _ = sleep_until_opt(revoke_deadline) => {}
+                event = self.events.recv(), if self.pending_revoke.is_none() => match event {
+                    Some(e) => self.on_event(e),
+                    None => break,
+                },
+            }
+            if self.pending_revoke.is_some() {
+                self.try_finish_revoke().await;
+            }
+            self.schedule();
+            self.store_offsets();
+            self.adjust_pauses();
+        }
+        self.shut_down(stop, poll_thread).await;
+        Ok(())
+    }
+
+    fn on_event(&mut self, event: ConsumerEvent) {
+        match event {
+            ConsumerEvent::Message(msg) => self.on_message(msg),
+            ConsumerEvent::Positions(positions) => {
+                for (tp, pos) in positions {
+                    if let Some(p) = self.partitions.get_mut(&tp) {
+                        if p.received_any {
+                            p.tracker.position(pos);
+                        }
+                    }
+                }
+            }
+            ConsumerEvent::Assigned(tps) => {
+                metrics::rebalance(&self.name, "assign");
+                for tp in tps {
+                    let Some(trigger) = self.triggers.get(&tp.topic).cloned() else {
+                        continue;
+                    };
+                    self.generation += 1;
+                    tracing::info!(connection = %self.name, topic = %tp.topic, partition = tp.partition, "partition assigned");
+                    let state = PartitionState {
+                        queue: PartitionQueue::new(trigger.config.ordering),
+                        trigger,
+                        generation: self.generation,
+                        tracker: OffsetTracker::default(),
+                        received_any: false,
+                        paused: false,
+                        buffered_bytes: 0,
+                        drain: CancellationToken::new(),
+                        cancel: CancellationToken::new(),
+                    };
+                    if let Some(old) = self.partitions.insert(tp, state) {
+                        old.cancel.cancel();
+                    }
+                }
+                self.report_partitions();
+            }
+            ConsumerEvent::Revoked { partitions, lost, ack } => {
+                metrics::rebalance(&self.name, if lost { "lost" } else { "revoke" });
+                tracing::info!(connection = %self.name, partitions = partitions.len(), lost, "partitions revoked");
+                for tp in &partitions {
+                    if let Some(p) = self.partitions.get_mut(tp) {
+                        // Waiting messages will be read again by the next owner.
+                        for m in p.queue.clear_waiting() {
+                            self.buffered_bytes -= msg_bytes(&m);
+                        }
+                        p.buffered_bytes = 0;
+                        p.drain.cancel();
+                        if lost {
+                            p.cancel.cancel();
+                        }
+                    }
+                }
+                let deadline = Instant::now() + Duration::from_millis(self.config.drain_timeout_ms);
+                self.pending_revoke = Some(PendingRevoke { partitions, lost, ack, deadline });
+            }
+            ConsumerEvent::Error(e) => {
+                tracing::warn!(connection = %self.name, error = %e, "kafka consumer error");
+            }
+        }
+    }
+
+    fn on_message(&mut self, msg: OwnedMessage) {
+        let tp = TopicPartition {
+            topic: msg.topic().to_owned(),
+            partition: msg.partition(),
+        };
+        metrics::consumed(&self.name, &tp.topic);
+        let Some(p) = self.partitions.get_mut(&tp) else {
+            tracing::warn!(connection = %self.name, topic = %tp.topic, partition = tp.partition, offset = msg.offset(), "message for a partition not assigned; ignored");
+            return;
+        };
+        let bytes = msg_bytes(&msg);
+        p.received_any = true;
+        p.tracker.received(msg.offset());
+        p.buffered_bytes += bytes;
+        self.buffered_bytes += bytes;
+        let key = msg.key().map(<[u8]>::to_vec);
+        p.queue.push(key, msg);
+    }
+
+    fn on_completion(&mut self, c: Completion) {
+        metrics::in_flight(&self.name, -1.0);
+        let Some(p) = self.partitions.get_mut(&c.tp) else {
+            return;
+        };
+        if p.generation != c.generation {
+            return;
+        }
+        p.queue.finished(&c.key);
+        match c.outcome {
+            WorkOutcome::Accepted | WorkOutcome::Skipped => {
+                let label = if c.outcome == WorkOutcome::Accepted { "accepted" } else { "skipped" };
+                metrics::handled(&self.name, &p.trigger.name, label);
+                p.tracker.handled(c.offset);
+            }
+            WorkOutcome::Abandoned => {}
+        }
+    }
+
+    /// Starts every message allowed by ordering and concurrency.
+    fn schedule(&mut self) {
+        let revoking: Vec<TopicPartition> = self
+            .pending_revoke
+            .as_ref()
+            .map(|r| r.partitions.clone())
+            .unwrap_or_default();
+        for (tp, p) in self.partitions.iter_mut() {
+            if revoking.contains(tp) {
+                continue;
+            }
+            loop {
+                if p.queue.waiting() == 0 {
+                    break;
+                }
+                let Ok(permit) = Arc::clone(&p.trigger.permits).try_acquire_owned() else {
+                    break;
+                };
+                let Some((key, msg)) = p.queue.pop_startable() else {
+                    break;
+                };
+                let bytes = msg_bytes(&msg);
+                p.buffered_bytes -= bytes;
+                self.buffered_bytes -= bytes;
+                let completion = Completion {
+                    tp: tp.clone(),
+                    generation: p.generation,
+                    offset: msg.offset(),
+                    key,
+                    outcome: WorkOutcome::Abandoned,
+                };
+                let trigger = Arc::clone(&p.trigger);
+                let drain = p.drain.clone();
+                let cancel = p.cancel.clone();
+                let done = self.completions_tx.clone();
+                metrics::in_flight(&self.name, 1.0);
+                let _ = self.tasks.spawn(async move {
+                    let outcome = worker::process(trigger, msg, Some(permit), drain, cancel).await;
+                    let _ = done.send(Completion { outcome, ..completion });
+                });
+            }
+        }
+    }
+
+    /// Hands every advanced commit offset to librdkafka (committed in the background).
+    fn store_offsets(&mut self) {
+        let mut tpl = TopicPartitionList::new();
+        for (tp, p) in self.partitions.iter_mut() {
+            if let Some(offset) = p.tracker.take_new_commit_offset() {
+                let _ = tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(offset));
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = self.consumer.store_offsets(&tpl) {
+                tracing::warn!(connection = %self.name, error = %e, "cannot store offsets");
+            }
+        }
+    }
+
+    /// Pauses partitions whose buffer is full, resumes them at half.
+    fn adjust_pauses(&mut self) {
+        let per_partition = self.config.max_buffered_per_partition;
+        let global_full = self.buffered_bytes >= self.config.max_buffered_bytes;
+        let global_low = self.buffered_bytes <= self.config.max_buffered_bytes / 2;
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for (tp, p) in self.partitions.iter_mut() {
+            let waiting = p.queue.waiting();
+            if !p.paused && (waiting >= per_partition || (global_full && waiting > 0)) {
+                p.paused = true;
+                let _ = pause.add_partition(&tp.topic, tp.partition);
+            } else if p.paused && waiting <= per_partition / 2 && global_low {
+                p.paused = false;
+                let _ = resume.add_partition(&tp.topic, tp.partition);
+            }
+        }
+        if pause.count() > 0 {
+            if let Err(e) = self.consumer.pause(&pause) {
+                tracing::warn!(connection = %self.name, error = %e, "cannot pause partitions");
+            }
+        }
+        if resume.count() > 0 {
+            if let Err(e) = self.consumer.resume(&resume) {
+                tracing::warn!(connection = %self.name, error = %e, "cannot resume partitions");
+            }
+        }
+        if pause.count() > 0 || resume.count() > 0 {
+            self.report_partitions();
+        }
+    }
+
+    fn report_partitions(&self) {
+        let paused = self.partitions.values().filter(|p| p.paused).count();
+        metrics::partitions(&self.name, self.partitions.len(), paused);
+    }
+
+    async fn try_finish_revoke(&mut self) {
+        let Some(r) = &self.pending_revoke else {
+            return;
+        };
+        let in_flight: usize = r
+            .partitions
+            .iter()
+            .filter_map(|tp| self.partitions.get(tp))
+            .map(|p| p.queue.in_flight())
+            .sum();
+        let expired = Instant::now() >= r.deadline;
+        if in_flight > 0 && !expired {
+            return;
+        }
+        let Some(r) = self.pending_revoke.take() else {
+            return;
+        };
+        if expired && in_flight > 0 {
+            tracing::warn!(connection = %self.name, in_flight, "drain deadline passed on revoke; unfinished runs will be dispatched again by the next owner");
+        }
+        if !r.lost {
+            self.commit_sync(&r.partitions).await;
+        }
+        for tp in &r.partitions {
+            if let Some(p) = self.partitions.remove(tp) {
+                p.cancel.cancel();
+            }
+        }
+        self.report_partitions();
+        let _ = r.ack.send(());
+    }
+
+    /// Stores and synchronously commits the commit offsets of `tps`.
+    async fn commit_sync(&mut self, tps: &[TopicPartition]) {
+        let mut tpl = TopicPartitionList::new();
+        for tp in tps {
+            if let Some(p) = self.partitions.get_mut(tp) {
+                let _ = p.tracker.take_new_commit_offset();
+                if let Some(offset) = p.tracker.commit_offset() {
+                    let _ = tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(offset));
+                }
+            }
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        let consumer = Arc::clone(&self.consumer);
+        let name = self.name.clone();
+        let result = tokio::task::spawn_blocking(move || consumer.commit(&tpl, CommitMode::Sync)).await;
+        match result {
+            Ok(Ok(())) => {
+                metrics::commit(&name, true);
+                tracing::info!(connection = %name, partitions = tps.len(), "offsets committed");
+            }
+            Ok(Err(e)) => {
+                metrics::commit(&name, false);
+                tracing::warn!(connection = %name, error = %e, "synchronous commit failed");
+            }
+            Err(e) => tracing::warn!(connection = %name, error = %e, "commit task failed"),
+        }
+    }
+
+    async fn shut_down(mut self, stop: Arc<AtomicBool>, poll_thread: std::thread::JoinHandle<()>) {
+        tracing::info!(connection = %self.name, "stopping: draining runs in flight");
+        for p in self.partitions.values_mut() {
+            p.drain.cancel();
+            for m in p.queue.clear_waiting() {
+                self.buffered_bytes -= msg_bytes(&m);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_millis(self.config.drain_timeout_ms);
+        loop {
+            let in_flight: usize = self.partitions.values().map(|p| p.queue.in_flight()).sum();
+            if in_flight == 0 {
+                break;
+            }
+            tokio::select! {
+                Some(c) = self.completions.recv() => self.on_completion(c),
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(connection = %self.name, in_flight, "drain deadline passed; unfinished runs will be dispatched again");
+                    break;
+                }
+            }
+        }
+        for p in self.partitions.values() {
+            p.cancel.cancel();
+        }
+        let tps: Vec<TopicPartition> = self.partitions.keys().cloned().collect();
+        self.commit_sync(&tps).await;
+        self.consumer.context().set_closing();
+        stop.store(true, AtomicOrdering::SeqCst);
+        self.tasks.close();
+        // The poll thread must hold the last reference so that closing (which may run
+        // callbacks) happens off the runtime.
+        drop(self.consumer);
+        drop(self.events);
+        let _ = tokio::task::spawn_blocking(move || poll_thread.join()).await;
+        tracing::info!(connection = %self.name, "consumer closed");
+    }
+}
+
+fn msg_bytes(m: &OwnedMessage) -> usize {
+    m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len) + 64
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,93 @@
+//! Every metric the connector exports: names, descriptions and the helpers that record them.
+//! Labels are bounded: connection, trigger, topic, partition, outcome, class. Never an offset,
+//! a key or an error text.
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Messages received from Kafka.
+pub const MESSAGES_CONSUMED: &str = "tessel_kafka_messages_consumed_total";
+/// Dispatch attempts by outcome.
+pub const DISPATCH_ATTEMPTS: &str = "tessel_kafka_dispatch_attempts_total";
+/// Messages handled (accepted or skipped) by outcome.
+pub const MESSAGES_HANDLED: &str = "tessel_kafka_messages_handled_total";
+/// Decode failures by class.
+pub const DECODE_ERRORS: &str = "tessel_kafka_decode_errors_total";
+/// Dispatch latency.
+pub const DISPATCH_SECONDS: &str = "tessel_kafka_dispatch_duration_seconds";
+/// Runs in flight.
+pub const RUNS_IN_FLIGHT: &str = "tessel_kafka_runs_in_flight";
+/// Partitions paused for backpressure.
+pub const PAUSED_PARTITIONS: &str = "tessel_kafka_paused_partitions";
+/// Assigned partitions.
+pub const ASSIGNED_PARTITIONS: &str = "tessel_kafka_assigned_partitions";
+/// Rebalance events by kind.
+pub const REBALANCES: &str = "tessel_kafka_rebalances_total";
+/// Offset commits by result.
+pub const COMMITS: &str = "tessel_kafka_offset_commits_total";
+/// Schema cache lookups by result.
+pub const REGISTRY_CACHE: &str = "tessel_kafka_registry_cache_lookups_total";
+
+/// Installs the Prometheus recorder and describes every metric.
+pub fn install() -> Option<PrometheusHandle> {
+    let handle = PrometheusBuilder::new().install_recorder().ok()?;
+    describe_counter!(MESSAGES_CONSUMED, "Messages received from Kafka.");
+    describe_counter!(DISPATCH_ATTEMPTS, "Dispatch attempts to the run dispatcher, by outcome.");
+    describe_counter!(MESSAGES_HANDLED, "Messages handled, by outcome (accepted, skipped).");
+    describe_counter!(DECODE_ERRORS, "Keys or values that failed to decode, by class.");
+    describe_histogram!(DISPATCH_SECONDS, "Duration of one dispatch request.");
+    describe_gauge!(RUNS_IN_FLIGHT, "Dispatches in flight.");
+    describe_gauge!(PAUSED_PARTITIONS, "Partitions paused because their buffer is full.");
+    describe_gauge!(ASSIGNED_PARTITIONS, "Partitions assigned to this consumer.");
+    describe_counter!(REBALANCES, "Rebalance events, by kind (assign, revoke, lost).");
+    describe_counter!(COMMITS, "Offset commits, by result.");
+    describe_counter!(REGISTRY_CACHE, "Schema cache lookups, by result (hit, miss).");
+    Some(handle)
+}
+
+/// A schema cache lookup.
+pub fn registry_cache(hit: bool) {
+    counter!(REGISTRY_CACHE, "result" => if hit { "hit" } else { "miss" }).increment(1);
+}
+
+/// A message was received.
+pub fn consumed(connection: &str, topic: &str) {
+    counter!(MESSAGES_CONSUMED, "connection" => connection.to_owned(), "topic" => topic.to_owned()).increment(1);
+}
+
+/// A dispatch attempt ended.
+pub fn dispatch_attempt(connection: &str, trigger: &str, outcome: &'static str, seconds: f64) {
+    counter!(DISPATCH_ATTEMPTS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned(), "outcome" => outcome).increment(1);
+    histogram!(DISPATCH_SECONDS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned()).record(seconds);
+}
+
+/// A message was handled.
+pub fn handled(connection: &str, trigger: &str, outcome: &'static str) {
+    counter!(MESSAGES_HANDLED, "connection" => connection.to_owned(), "trigger" => trigger.to_owned(), "outcome" => outcome).increment(1);
+}
+
+/// A decode failed.
+pub fn decode_error(connection: &str, trigger: &str, class: &'static str) {
+    counter!(DECODE_ERRORS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned(), "class" => class).increment(1);
+}
+
+/// Runs in flight changed.
+pub fn in_flight(connection: &str, delta: f64) {
+    gauge!(RUNS_IN_FLIGHT, "connection" => connection.to_owned()).increment(delta);
+}
+
+/// Partition counts of a connection.
+pub fn partitions(connection: &str, assigned: usize, paused: usize) {
+    gauge!(ASSIGNED_PARTITIONS, "connection" => connection.to_owned()).set(assigned as f64);
+    gauge!(PAUSED_PARTITIONS, "connection" => connection.to_owned()).set(paused as f64);
+}
+
+/// A rebalance event.
+pub fn rebalance(connection: &str, kind: &'static str) {
+    counter!(REBALANCES, "connection" => connection.to_owned(), "kind" => kind).increment(1);
+}
+
+/// An offset commit finished.
+pub fn commit(connection: &str, ok: bool) {
+    counter!(COMMITS, "connection" => connection.to_owned(), "result" => if ok { "ok" } else { "error" }).increment(1);
+}
