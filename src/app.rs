@@ -20,7 +20,10 @@ impl App {
             .iter()
             .map(|(name, c)| ConnectionSupervisor::try_new(name, c))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { config, supervisors })
+        Ok(Self {
+            config,
+            supervisors,
+        })
     }
 
     /// Runs until `shutdown` fires and every connection has drained and committed.

@@ -62,6 +62,7 @@ pub struct AcceptedRun {
 struct Inner {
     runs: Vec<AcceptedRun>,
     accepted_keys: HashMap<String, usize>,
+    repeated_keys: Vec<String>,
 }
 
 /// Shared state of a running dev dispatcher.
@@ -85,7 +86,12 @@ pub struct DevDispatcher {
 
 impl DevDispatcher {
     /// Binds `listen` and serves until `shutdown` fires. `print` writes a line per run to stdout.
-    pub async fn start(listen: SocketAddr, faults: Faults, print: bool, shutdown: CancellationToken) -> std::io::Result<Self> {
+    pub async fn start(
+        listen: SocketAddr,
+        faults: Faults,
+        print: bool,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<Self> {
         let state = Arc::new(DevState {
             faults: Mutex::new(faults),
             print,
@@ -93,7 +99,9 @@ impl DevDispatcher {
         });
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
-        let app = Router::new().fallback(handle).with_state(Arc::clone(&state));
+        let app = Router::new()
+            .fallback(handle)
+            .with_state(Arc::clone(&state));
         let _ = tokio::spawn(async move {
             let _ = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -119,17 +127,37 @@ impl DevDispatcher {
 
     /// Accepted runs, in acceptance order (first acceptance of each key only).
     pub fn runs(&self) -> Vec<AcceptedRun> {
-        self.state.inner.lock().unwrap_or_else(|p| p.into_inner()).runs.clone()
+        self.state
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .runs
+            .clone()
     }
 
     /// How many runs were accepted.
     pub fn accepted(&self) -> usize {
-        self.state.inner.lock().unwrap_or_else(|p| p.into_inner()).runs.len()
+        self.state
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .runs
+            .len()
     }
 
     /// Requests for an idempotency key that had already been accepted.
     pub fn repeats(&self) -> u64 {
         self.state.repeats.load(Ordering::SeqCst)
+    }
+
+    /// Idempotency keys offered again after acceptance, in arrival order.
+    pub fn repeated_keys(&self) -> Vec<String> {
+        self.state
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .repeated_keys
+            .clone()
     }
 
     /// All requests received.
@@ -153,13 +181,26 @@ async fn handle(State(state): State<Arc<DevState>>, headers: HeaderMap, body: By
 }
 
 async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Response {
-    let faults = state.faults.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let faults = state
+        .faults
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     let (lo, hi) = faults.latency_ms;
     if hi > 0 {
-        let ms = if hi > lo { rand::random_range(lo..=hi) } else { hi };
+        let ms = if hi > lo {
+            rand::random_range(lo..=hi)
+        } else {
+            hi
+        };
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
     let Some(key) = header("idempotency-key") else {
         return (StatusCode::BAD_REQUEST, "missing Idempotency-Key").into_response();
     };
@@ -183,6 +224,7 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
     *count += 1;
     if *count > 1 {
         let _ = state.repeats.fetch_add(1, Ordering::SeqCst);
+        inner.repeated_keys.push(key);
         return (StatusCode::CONFLICT, "already accepted").into_response();
     }
     if state.print {

@@ -35,7 +35,9 @@ fn main() -> ExitCode {
                     Err(e) => fail(&format!("{e:#}")),
                 }
             }
-            Command::Config { command: ConfigCommand::Check { config } } => match Config::load(&config) {
+            Command::Config {
+                command: ConfigCommand::Check { config },
+            } => match Config::load(&config) {
                 Ok(c) => {
                     println!("# configuration is valid; effective values, secrets redacted\n");
                     print!("{}", toml::to_string_pretty(&c).unwrap_or_default());
@@ -43,11 +45,21 @@ fn main() -> ExitCode {
                 }
                 Err(e) => fail(&e.to_string()),
             },
-            Command::DevDispatcher { listen, latency_ms, fail_ratio, fail_status } => {
+            Command::DevDispatcher {
+                listen,
+                latency_ms,
+                fail_ratio,
+                fail_status,
+            } => {
                 telemetry::init_tracing(&LogConfig::default());
                 let token = CancellationToken::new();
                 shutdown::spawn_signal_handler(token.clone());
-                let faults = Faults { latency_ms: (latency_ms, latency_ms), fail_ratio, fail_status, ..Faults::default() };
+                let faults = Faults {
+                    latency_ms: (latency_ms, latency_ms),
+                    fail_ratio,
+                    fail_status,
+                    ..Faults::default()
+                };
                 match DevDispatcher::start(listen, faults, true, token.clone()).await {
                     Ok(d) => {
                         println!("dev dispatcher listening on {}", d.url());

@@ -30,7 +30,10 @@ pub async fn serve(
     };
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
+        .route(
+            "/healthz",
+            get(|| async { Json(serde_json::json!({"status": "ok"})) }),
+        )
         .route("/readyz", get(ready_handler))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -43,7 +46,10 @@ pub async fn serve(
 async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
     match state.metrics {
         Some(h) => (StatusCode::OK, h.render()),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "metrics recorder not installed".to_owned()),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics recorder not installed".to_owned(),
+        ),
     }
 }
 

@@ -116,7 +116,12 @@ pub(crate) fn to_json(value: &Value, schema: &Schema, names: &Names<'_>) -> Resu
                 Schema::Array(a) => &*a.items,
                 s => s,
             };
-            Json::Array(items.iter().map(|v| to_json(v, item_schema, names)).collect::<Result<_, _>>()?)
+            Json::Array(
+                items
+                    .iter()
+                    .map(|v| to_json(v, item_schema, names))
+                    .collect::<Result<_, _>>()?,
+            )
         }
         Value::Map(entries) => {
             let value_schema = match schema {
@@ -223,10 +228,16 @@ mod tests {
         )
         .unwrap();
         let mut value = apache_avro::types::Record::new(&schema).unwrap();
-        value.put("amount", Value::Decimal(apache_avro::Decimal::from(vec![0x30, 0x39])));
+        value.put(
+            "amount",
+            Value::Decimal(apache_avro::Decimal::from(vec![0x30, 0x39])),
+        );
         value.put("at", Value::TimestampMillis(0));
         value.put("kind", Value::Enum(1, "B".into()));
-        value.put("note", Value::Union(1, Box::new(Value::String("hi".into()))));
+        value.put(
+            "note",
+            Value::Union(1, Box::new(Value::String("hi".into()))),
+        );
         value.put("big", Value::Long(9_007_199_254_740_993));
         let bytes = apache_avro::to_avro_datum(&schema, value).unwrap();
         let json = decode(&schema, &[], &bytes).unwrap();
@@ -238,7 +249,10 @@ mod tests {
 
     #[test]
     fn truncated_datum_is_an_error() {
-        let schema = Schema::parse_str(r#"{"type":"record","name":"R","fields":[{"name":"s","type":"string"}]}"#).unwrap();
+        let schema = Schema::parse_str(
+            r#"{"type":"record","name":"R","fields":[{"name":"s","type":"string"}]}"#,
+        )
+        .unwrap();
         assert!(decode(&schema, &[], &[0x10, b'a']).is_err());
     }
 }

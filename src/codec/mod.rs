@@ -99,15 +99,15 @@ impl DecodeError {
     /// Classifies the error.
     pub fn disposition(&self) -> Disposition {
         match self {
-            Self::Registry(RegistryError::Unavailable(_) | RegistryError::SchemaNotFound { .. }) => {
-                Disposition::Retry
-            }
+            Self::Registry(
+                RegistryError::Unavailable(_) | RegistryError::SchemaNotFound { .. },
+            ) => Disposition::Retry,
             Self::Registry(RegistryError::Unauthorized { .. }) | Self::NoRegistry => {
                 Disposition::Fatal
             }
-            Self::Registry(RegistryError::Invalid { .. }) | Self::Wire(_) | Self::Payload { .. } => {
-                Disposition::Reject
-            }
+            Self::Registry(RegistryError::Invalid { .. })
+            | Self::Wire(_)
+            | Self::Payload { .. } => Disposition::Reject,
         }
     }
 
@@ -135,7 +135,7 @@ impl Decoder {
     /// A decoder using `registry` for framed payloads.
     pub fn new(registry: Option<Arc<RegistryClient>>) -> Self {
         // A corrupt length prefix must not make apache-avro allocate without bound.
-        let _ = apache_avro::max_allocation_bytes(MAX_AVRO_ALLOCATION);
+        let _ = apache_avro::util::max_allocation_bytes(MAX_AVRO_ALLOCATION);
         Self { registry }
     }
 
@@ -209,9 +209,12 @@ impl Decoder {
                 v
             }
             CompiledSchema::Json { schema } => {
-                let v: Json = serde_json::from_slice(frame.body)
-                    .map_err(|e| payload_err(e.to_string()))?;
-                info.name = schema.get("title").and_then(Json::as_str).map(str::to_owned);
+                let v: Json =
+                    serde_json::from_slice(frame.body).map_err(|e| payload_err(e.to_string()))?;
+                info.name = schema
+                    .get("title")
+                    .and_then(Json::as_str)
+                    .map(str::to_owned);
                 v
             }
         };
@@ -271,24 +274,58 @@ mod tests {
     #[tokio::test]
     async fn auto_picks_json_then_string_then_bytes() {
         let d = decoder();
-        let j = d.decode(PayloadFormat::Auto, Some(br#"{"a":1}"#), "t", Field::Value).await.unwrap();
+        let j = d
+            .decode(PayloadFormat::Auto, Some(br#"{"a":1}"#), "t", Field::Value)
+            .await
+            .unwrap();
         assert_eq!(j.schema.format, "json");
-        let s = d.decode(PayloadFormat::Auto, Some(b"order-1"), "t", Field::Key).await.unwrap();
+        let s = d
+            .decode(PayloadFormat::Auto, Some(b"order-1"), "t", Field::Key)
+            .await
+            .unwrap();
         assert_eq!(s.value, Json::String("order-1".into()));
-        let b = d.decode(PayloadFormat::Auto, Some(&[0xff, 0xfe]), "t", Field::Key).await.unwrap();
-        assert_eq!((b.schema.format, b.value), ("bytes", Json::String("//4=".into())));
-        let n = d.decode(PayloadFormat::Auto, None, "t", Field::Key).await.unwrap();
+        let b = d
+            .decode(PayloadFormat::Auto, Some(&[0xff, 0xfe]), "t", Field::Key)
+            .await
+            .unwrap();
+        assert_eq!(
+            (b.schema.format, b.value),
+            ("bytes", Json::String("//4=".into()))
+        );
+        let n = d
+            .decode(PayloadFormat::Auto, None, "t", Field::Key)
+            .await
+            .unwrap();
         assert_eq!(n.schema.format, "null");
     }
 
     #[tokio::test]
     async fn framed_without_registry_is_fatal_and_bad_frames_are_rejected() {
         let d = decoder();
-        let e = d.decode(PayloadFormat::SchemaRegistry, Some(&[0, 0, 0, 0, 1, 2]), "t", Field::Value).await.unwrap_err();
+        let e = d
+            .decode(
+                PayloadFormat::SchemaRegistry,
+                Some(&[0, 0, 0, 0, 1, 2]),
+                "t",
+                Field::Value,
+            )
+            .await
+            .unwrap_err();
         assert_eq!(e.disposition(), Disposition::Fatal);
-        let e = d.decode(PayloadFormat::SchemaRegistry, Some(&[7, 0, 0, 0, 1]), "t", Field::Value).await.unwrap_err();
+        let e = d
+            .decode(
+                PayloadFormat::SchemaRegistry,
+                Some(&[7, 0, 0, 0, 1]),
+                "t",
+                Field::Value,
+            )
+            .await
+            .unwrap_err();
         assert_eq!(e.disposition(), Disposition::Reject);
-        let e = d.decode(PayloadFormat::String, Some(&[0xff]), "t", Field::Value).await.unwrap_err();
+        let e = d
+            .decode(PayloadFormat::String, Some(&[0xff]), "t", Field::Value)
+            .await
+            .unwrap_err();
         assert_eq!(e.disposition(), Disposition::Reject);
     }
 }

@@ -6,7 +6,10 @@ use prost_reflect::{DynamicMessage, FileDescriptor, MessageDescriptor, Serialize
 use serde_json::Value as Json;
 
 /// Finds the message at `path` (message-index array) in `file`.
-pub(crate) fn message_at(file: &FileDescriptor, path: &[usize]) -> Result<MessageDescriptor, String> {
+pub(crate) fn message_at(
+    file: &FileDescriptor,
+    path: &[usize],
+) -> Result<MessageDescriptor, String> {
     let (first, rest) = path.split_first().ok_or("empty message index array")?;
     let mut msg = file
         .messages()
@@ -14,13 +17,18 @@ pub(crate) fn message_at(file: &FileDescriptor, path: &[usize]) -> Result<Messag
         .ok_or_else(|| format!("message index {first} is not in {}", file.name()))?;
     for &i in rest {
         let child = msg.child_messages().nth(i);
-        msg = child.ok_or_else(|| format!("nested message index {i} is not in {}", msg.full_name()))?;
+        msg = child
+            .ok_or_else(|| format!("nested message index {i} is not in {}", msg.full_name()))?;
     }
     Ok(msg)
 }
 
 /// Decodes `body` as the message at `path`; returns its full name and JSON.
-pub(crate) fn decode(file: &FileDescriptor, path: &[usize], body: &[u8]) -> Result<(String, Json), String> {
+pub(crate) fn decode(
+    file: &FileDescriptor,
+    path: &[usize],
+    body: &[u8],
+) -> Result<(String, Json), String> {
     let desc = message_at(file, path)?;
     let msg = DynamicMessage::decode(desc.clone(), body).map_err(|e| e.to_string())?;
     let options = SerializeOptions::new()

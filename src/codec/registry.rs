@@ -175,7 +175,9 @@ enum Auth {
 
 impl std::fmt::Debug for RegistryClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegistryClient").field("base", &self.base).finish_non_exhaustive()
+        f.debug_struct("RegistryClient")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
     }
 }
 
@@ -190,9 +192,10 @@ impl RegistryClient {
             .build()?;
         let auth = match (&config.username, &config.password, &config.bearer_token) {
             (_, _, Some(token)) => Auth::Bearer(token.expose().to_owned()),
-            (Some(user), password, None) => {
-                Auth::Basic(user.clone(), password.as_ref().map(|p| p.expose().to_owned()))
-            }
+            (Some(user), password, None) => Auth::Basic(
+                user.clone(),
+                password.as_ref().map(|p| p.expose().to_owned()),
+            ),
             _ => Auth::None,
         };
         Ok(Self {
@@ -221,7 +224,9 @@ impl RegistryClient {
 
     /// Reachability probe for readiness: `GET /subjects`.
     pub async fn probe(&self) -> Result<(), RegistryError> {
-        self.get_json::<serde_json::Value>("/subjects", 0).await.map(|_| ())
+        self.get_json::<serde_json::Value>("/subjects", 0)
+            .await
+            .map(|_| ())
     }
 
     async fn fetch(&self, id: u32) -> Result<ResolvedSchema, RegistryError> {
@@ -265,11 +270,7 @@ impl RegistryClient {
                     reason: "too many schema references".to_owned(),
                 });
             }
-            let path = format!(
-                "/subjects/{}/versions/{}",
-                urlencode(&r.subject),
-                r.version
-            );
+            let path = format!("/subjects/{}/versions/{}", urlencode(&r.subject), r.version);
             let resp: SchemaResponse = self.get_json(&path, id).await?;
             stack.extend(resp.references.iter().rev().cloned());
             out.push((r.name.clone(), resp));
@@ -282,10 +283,10 @@ impl RegistryClient {
         path: &str,
         id: u32,
     ) -> Result<T, RegistryError> {
-        let mut req = self
-            .http
-            .get(format!("{}{}", self.base, path))
-            .header("Accept", "application/vnd.schemaregistry.v1+json, application/json");
+        let mut req = self.http.get(format!("{}{}", self.base, path)).header(
+            "Accept",
+            "application/vnd.schemaregistry.v1+json, application/json",
+        );
         req = match &self.auth {
             Auth::None => req,
             Auth::Basic(u, p) => req.basic_auth(u, p.as_deref()),
@@ -306,7 +307,12 @@ impl RegistryClient {
             error_code: 0,
             message: String::new(),
         });
-        Err(classify_status(status.as_u16(), body.error_code, body.message, id))
+        Err(classify_status(
+            status.as_u16(),
+            body.error_code,
+            body.message,
+            id,
+        ))
     }
 }
 
@@ -334,7 +340,9 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 fn urlencode(s: &str) -> String {
-    url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>().replace('+', "%20")
+    url::form_urlencoded::byte_serialize(s.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
 }
 
 fn compile(
@@ -348,7 +356,11 @@ fn compile(
     match schema_type {
         SchemaType::Avro => {
             // parse_str_with_list wants referenced schemas first; it resolves names itself.
-            let texts: Vec<&str> = references.iter().rev().map(|(_, r)| r.schema.as_str()).collect();
+            let texts: Vec<&str> = references
+                .iter()
+                .rev()
+                .map(|(_, r)| r.schema.as_str())
+                .collect();
             let (schema, references) = apache_avro::Schema::parse_str_with_list(text, texts)
                 .map_err(|e| invalid(format!("avro schema does not parse: {e}")))?;
             Ok(CompiledSchema::Avro { schema, references })
@@ -407,7 +419,9 @@ fn proto_file(name: &str, text: &str) -> Result<protox::file::File, String> {
 /// dependency list says; a descriptor's own name may differ, so it is renamed to match.
 fn rename_descriptor(file: protox::file::File, name: &str) -> protox::file::File {
     let mut fdp = file.file_descriptor_proto().clone();
-    if name.starts_with("tessel-registry-schema-") && fdp.name.as_deref().is_some_and(|n| !n.is_empty()) {
+    if name.starts_with("tessel-registry-schema-")
+        && fdp.name.as_deref().is_some_and(|n| !n.is_empty())
+    {
         // The main schema keeps its own name.
         return protox::file::File::from_file_descriptor_proto(fdp);
     }
@@ -432,12 +446,30 @@ mod tests {
 
     #[test]
     fn classifies_registry_statuses() {
-        assert!(matches!(classify_status(404, 40403, String::new(), 7), RegistryError::SchemaNotFound { id: 7 }));
-        assert!(matches!(classify_status(401, 0, String::new(), 7), RegistryError::Unauthorized { status: 401, .. }));
-        assert!(matches!(classify_status(403, 0, String::new(), 7), RegistryError::Unauthorized { .. }));
-        assert!(matches!(classify_status(429, 0, String::new(), 7), RegistryError::Unavailable(_)));
-        assert!(matches!(classify_status(503, 0, String::new(), 7), RegistryError::Unavailable(_)));
-        assert!(matches!(classify_status(422, 42201, String::new(), 7), RegistryError::Invalid { .. }));
+        assert!(matches!(
+            classify_status(404, 40403, String::new(), 7),
+            RegistryError::SchemaNotFound { id: 7 }
+        ));
+        assert!(matches!(
+            classify_status(401, 0, String::new(), 7),
+            RegistryError::Unauthorized { status: 401, .. }
+        ));
+        assert!(matches!(
+            classify_status(403, 0, String::new(), 7),
+            RegistryError::Unauthorized { .. }
+        ));
+        assert!(matches!(
+            classify_status(429, 0, String::new(), 7),
+            RegistryError::Unavailable(_)
+        ));
+        assert!(matches!(
+            classify_status(503, 0, String::new(), 7),
+            RegistryError::Unavailable(_)
+        ));
+        assert!(matches!(
+            classify_status(422, 42201, String::new(), 7),
+            RegistryError::Invalid { .. }
+        ));
     }
 
     #[test]
@@ -445,7 +477,9 @@ mod tests {
         let text = r#"syntax = "proto3"; package t; import "google/protobuf/timestamp.proto";
             message A { int32 x = 1; } message B { google.protobuf.Timestamp at = 1; A a = 2; }"#;
         let compiled = compile(5, SchemaType::Protobuf, text, &[], &[]).unwrap();
-        let CompiledSchema::Protobuf { file } = compiled else { panic!() };
+        let CompiledSchema::Protobuf { file } = compiled else {
+            panic!()
+        };
         let names: Vec<_> = file.messages().map(|m| m.full_name().to_owned()).collect();
         assert_eq!(names, vec!["t.A", "t.B"]);
     }
@@ -456,7 +490,11 @@ mod tests {
         let parent = r#"{"type":"record","name":"Customer","namespace":"t","fields":[{"name":"home","type":"t.Address"}]}"#;
         let refs = vec![(
             "t.Address".to_owned(),
-            SchemaResponse { schema: child.to_owned(), schema_type: None, references: vec![] },
+            SchemaResponse {
+                schema: child.to_owned(),
+                schema_type: None,
+                references: vec![],
+            },
         )];
         let compiled = compile(9, SchemaType::Avro, parent, &[], &refs).unwrap();
         assert!(matches!(compiled, CompiledSchema::Avro { .. }));

@@ -25,7 +25,12 @@ pub(crate) fn time_of_day(nanos: i64, digits: u32) -> String {
     let nanos = nanos.rem_euclid(86_400 * 1_000_000_000);
     let secs = nanos / 1_000_000_000;
     let frac = nanos % 1_000_000_000;
-    let base = format!("{:02}:{:02}:{:02}", secs / 3600, (secs / 60) % 60, secs % 60);
+    let base = format!(
+        "{:02}:{:02}:{:02}",
+        secs / 3600,
+        (secs / 60) % 60,
+        secs % 60
+    );
     if digits == 0 {
         return base;
     }
@@ -63,9 +68,15 @@ mod tests {
         assert_eq!(date(0), "1970-01-01");
         assert_eq!(date(19_723), "2024-01-01");
         assert_eq!(date(-1), "1969-12-31");
-        assert_eq!(timestamp(1_700_000_000_123, 1_000, true), "2023-11-14T22:13:20.123Z");
+        assert_eq!(
+            timestamp(1_700_000_000_123, 1_000, true),
+            "2023-11-14T22:13:20.123Z"
+        );
         assert_eq!(timestamp(-1, 1_000, true), "1969-12-31T23:59:59.999Z");
-        assert_eq!(timestamp(1_500_000, 1_000_000, false), "1970-01-01T00:00:01.500000");
+        assert_eq!(
+            timestamp(1_500_000, 1_000_000, false),
+            "1970-01-01T00:00:01.500000"
+        );
         assert_eq!(time_of_day(3_723_004_000_000, 3), "01:02:03.004");
     }
 }

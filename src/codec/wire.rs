@@ -134,9 +134,15 @@ mod tests {
 
     #[test]
     fn rejects_short_bad_magic_and_bad_ids() {
-        assert_eq!(parse_frame(&[0, 0, 0]), Err(WireError::Truncated { len: 3 }));
+        assert_eq!(
+            parse_frame(&[0, 0, 0]),
+            Err(WireError::Truncated { len: 3 })
+        );
         assert_eq!(parse_frame(&[1, 0, 0, 0, 1]), Err(WireError::BadMagic(1)));
-        assert_eq!(parse_frame(&[0, 0, 0, 0, 0]), Err(WireError::InvalidSchemaId(0)));
+        assert_eq!(
+            parse_frame(&[0, 0, 0, 0, 0]),
+            Err(WireError::InvalidSchemaId(0))
+        );
         assert_eq!(
             parse_frame(&[0, 0xff, 0xff, 0xff, 0xff]),
             Err(WireError::InvalidSchemaId(-1))
@@ -146,8 +152,14 @@ mod tests {
     #[test]
     fn message_indexes_match_reference_encoding() {
         // [0] is a single zero byte; [1] is count 1 (0x02) then index 1 (0x02).
-        assert_eq!(read_message_indexes(&[0, 7]).unwrap(), (vec![0], &[7u8][..]));
-        assert_eq!(read_message_indexes(&[2, 2, 7]).unwrap(), (vec![1], &[7u8][..]));
+        assert_eq!(
+            read_message_indexes(&[0, 7]).unwrap(),
+            (vec![0], &[7u8][..])
+        );
+        assert_eq!(
+            read_message_indexes(&[2, 2, 7]).unwrap(),
+            (vec![1], &[7u8][..])
+        );
         assert_eq!(read_message_indexes(&[4, 2, 4]).unwrap().0, vec![1, 2]);
         for path in [vec![0], vec![1], vec![3, 0, 2], vec![200]] {
             let mut buf = Vec::new();

@@ -17,7 +17,10 @@ pub struct ConnectionConfig {
     /// `sasl.password`, `group.id`, `auto.offset.reset`, `ssl.ca.location`, ...
     /// `bootstrap.servers` and `group.id` are required. The connector sets
     /// `enable.auto.offset.store=false` and `isolation.level=read_committed` itself.
-    #[serde(serialize_with = "serialize_kafka_properties", deserialize_with = "super::secret::deserialize_properties")]
+    #[serde(
+        serialize_with = "serialize_kafka_properties",
+        deserialize_with = "super::secret::deserialize_properties"
+    )]
     pub kafka: BTreeMap<String, String>,
     /// The Schema Registry used to decode `schema_registry` and `auto` formats.
     #[serde(default)]
@@ -80,7 +83,11 @@ fn serialize_kafka_properties<S: Serializer>(
     let redacted: BTreeMap<&str, &str> = props
         .iter()
         .map(|(k, v)| {
-            let v = if is_secret_property(k) { REDACTED } else { v.as_str() };
+            let v = if is_secret_property(k) {
+                REDACTED
+            } else {
+                v.as_str()
+            };
             (k.as_str(), v)
         })
         .collect();
@@ -140,7 +147,10 @@ impl ConnectionConfig {
             }
         }
         if self.triggers.is_empty() {
-            return Err(ConfigError::invalid(key("triggers"), "at least one trigger is required"));
+            return Err(ConfigError::invalid(
+                key("triggers"),
+                "at least one trigger is required",
+            ));
         }
         let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
         for (tname, trigger) in &self.triggers {
@@ -161,7 +171,10 @@ impl ConnectionConfig {
             }
         }
         if self.max_buffered_per_partition == 0 {
-            return Err(ConfigError::invalid(key("max_buffered_per_partition"), "must be at least 1"));
+            return Err(ConfigError::invalid(
+                key("max_buffered_per_partition"),
+                "must be at least 1",
+            ));
         }
         Ok(())
     }
@@ -176,7 +189,10 @@ impl ConnectionConfig {
 
     /// The consumer group id.
     pub fn group_id(&self) -> &str {
-        self.kafka.get("group.id").map(String::as_str).unwrap_or_default()
+        self.kafka
+            .get("group.id")
+            .map(String::as_str)
+            .unwrap_or_default()
     }
 
     /// The trigger that owns `topic`.

@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 pub use connection::{ConnectionConfig, RegistryConfig};
 pub use error::ConfigError;
 pub use secret::{is_secret_property, Secret, REDACTED};
-pub use trigger::{DispatcherConfig, ErrorPolicy, Ordering, PayloadFormat, RetryConfig, TriggerConfig};
+pub use trigger::{
+    DispatcherConfig, ErrorPolicy, Ordering, PayloadFormat, RetryConfig, TriggerConfig,
+};
 
 /// Prefix of environment variables that override the file.
 pub const ENV_PREFIX: &str = "TESSEL_KAFKA";
@@ -124,15 +126,17 @@ impl Config {
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
-        let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Parse {
-            message: one_line(e.message()),
-            key: None,
-        })?;
+        let mut doc: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    message: one_line(e.message()),
+                    key: None,
+                })?;
         for (name, value) in env {
             apply_env_override(&mut doc, &name, value)?;
         }
-        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(doc))
-            .map_err(|e| {
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(|e| {
                 let path = e.path().to_string();
                 ConfigError::Parse {
                     message: one_line(&e.into_inner().to_string()),
@@ -162,12 +166,18 @@ impl Config {
 /// segment is a Kafka property, where `_` stands for `.`. Values are parsed as TOML when they
 /// look like a TOML scalar or array, else taken as a string.
 fn apply_env_override(doc: &mut toml::Table, name: &str, value: String) -> Result<(), ConfigError> {
-    let Some(rest) = name.strip_prefix(ENV_PREFIX).and_then(|r| r.strip_prefix("__")) else {
+    let Some(rest) = name
+        .strip_prefix(ENV_PREFIX)
+        .and_then(|r| r.strip_prefix("__"))
+    else {
         return Ok(());
     };
     let mut segments: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
     if segments.iter().any(String::is_empty) {
-        return Err(ConfigError::invalid(name, "empty segment in environment override"));
+        return Err(ConfigError::invalid(
+            name,
+            "empty segment in environment override",
+        ));
     }
     // connections.<name>.kafka.<property>
     if segments.len() == 4 && segments[0] == "connections" && segments[2] == "kafka" {
@@ -182,7 +192,12 @@ fn apply_env_override(doc: &mut toml::Table, name: &str, value: String) -> Resul
             .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         table = match entry {
             toml::Value::Table(t) => t,
-            _ => return Err(ConfigError::invalid(name, "overrides a value that is not a table")),
+            _ => {
+                return Err(ConfigError::invalid(
+                    name,
+                    "overrides a value that is not a table",
+                ))
+            }
         };
     }
     let _ = table.insert(last.clone(), parsed);

@@ -109,7 +109,9 @@ pub(crate) fn deserialize_properties<'de, D: Deserializer<'de>>(
                 RawProperty::Int(i) => i.to_string(),
                 RawProperty::Float(f) => f.to_string(),
                 RawProperty::Text(s) => s,
-                RawProperty::Indirect(i) => i.resolve().map_err(|e| D::Error::custom(format!("\"{k}\": {e}")))?,
+                RawProperty::Indirect(i) => i
+                    .resolve()
+                    .map_err(|e| D::Error::custom(format!("\"{k}\": {e}")))?,
             };
             Ok((k, v))
         })

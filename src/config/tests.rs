@@ -49,7 +49,10 @@ fn missing_bootstrap_servers_is_named() {
 fn trigger_without_topics_is_refused() {
     let text = MINIMAL.replace("topics = [\"payments\"]", "topics = []");
     let err = load(&text).unwrap_err().to_string();
-    assert!(err.contains("connections.orders.triggers.fraud.topics"), "{err}");
+    assert!(
+        err.contains("connections.orders.triggers.fraud.topics"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -123,4 +126,10 @@ fn missing_secret_source_is_named() {
     let err = load(&text).unwrap_err().to_string();
     assert!(err.contains("TESSEL_TEST_SURELY_UNSET_VAR"), "{err}");
     assert!(err.contains("sasl.password"), "{err}");
+}
+
+#[test]
+fn compose_config_is_valid() {
+    let c = load(include_str!("../../config/compose/tessel-kafka.toml")).unwrap();
+    assert_eq!(c.connections["demo"].group_id(), "tessel-demo");
 }

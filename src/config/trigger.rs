@@ -141,16 +141,24 @@ impl TriggerConfig {
             ));
         }
         if self.concurrency == 0 {
-            return Err(ConfigError::invalid(format!("{key}.concurrency"), "must be at least 1"));
+            return Err(ConfigError::invalid(
+                format!("{key}.concurrency"),
+                "must be at least 1",
+            ));
         }
-        if self.retry.initial_backoff_ms == 0 || self.retry.max_backoff_ms < self.retry.initial_backoff_ms {
+        if self.retry.initial_backoff_ms == 0
+            || self.retry.max_backoff_ms < self.retry.initial_backoff_ms
+        {
             return Err(ConfigError::invalid(
                 format!("{key}.retry"),
                 "initial_backoff_ms must be at least 1 and not above max_backoff_ms",
             ));
         }
         if !matches!(self.dispatcher.url.scheme(), "http" | "https") {
-            return Err(ConfigError::invalid(format!("{key}.dispatcher.url"), "must be http or https"));
+            return Err(ConfigError::invalid(
+                format!("{key}.dispatcher.url"),
+                "must be http or https",
+            ));
         }
         Ok(())
     }

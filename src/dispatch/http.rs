@@ -21,7 +21,8 @@ impl HttpDispatcher {
         let mut headers = HeaderMap::new();
         let _ = headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         for (k, v) in &config.headers {
-            let name = HeaderName::from_bytes(k.as_bytes()).map_err(|e| format!("header {k}: {e}"))?;
+            let name =
+                HeaderName::from_bytes(k.as_bytes()).map_err(|e| format!("header {k}: {e}"))?;
             let value = HeaderValue::from_str(v).map_err(|e| format!("header {k}: {e}"))?;
             let _ = headers.insert(name, value);
         }

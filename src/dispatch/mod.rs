@@ -63,7 +63,11 @@ pub fn classify(status: u16, body: &str, retry_after: Option<Duration>) -> Dispa
         401 | 403 => DispatchOutcome::Unauthorized { status, reason },
         408 | 429 | 500..=599 => DispatchOutcome::Retryable {
             status: Some(status),
-            reason: if reason.is_empty() { format!("HTTP {status}") } else { format!("HTTP {status}: {reason}") },
+            reason: if reason.is_empty() {
+                format!("HTTP {status}")
+            } else {
+                format!("HTTP {status}: {reason}")
+            },
             retry_after,
         },
         _ => DispatchOutcome::Rejected { status, reason },
@@ -79,7 +83,14 @@ mod tests {
         assert_eq!(classify(202, "", None).label(), "accepted");
         assert_eq!(classify(409, "", None).label(), "accepted");
         assert_eq!(classify(500, "", None).label(), "retryable");
-        assert_eq!(classify(429, "", Some(Duration::from_secs(2))), DispatchOutcome::Retryable { status: Some(429), reason: "HTTP 429".into(), retry_after: Some(Duration::from_secs(2)) });
+        assert_eq!(
+            classify(429, "", Some(Duration::from_secs(2))),
+            DispatchOutcome::Retryable {
+                status: Some(429),
+                reason: "HTTP 429".into(),
+                retry_after: Some(Duration::from_secs(2))
+            }
+        );
         assert_eq!(classify(422, "bad", None).label(), "rejected");
         assert_eq!(classify(401, "", None).label(), "unauthorized");
         assert_eq!(classify(403, "", None).label(), "unauthorized");

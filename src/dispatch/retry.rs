@@ -17,7 +17,9 @@ impl Backoff {
 
     /// The ceiling for the delay after `attempt` failures (1-based).
     pub fn ceiling(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.saturating_sub(1).min(30)).unwrap_or(u32::MAX);
+        let factor = 1u32
+            .checked_shl(attempt.saturating_sub(1).min(30))
+            .unwrap_or(u32::MAX);
         self.initial.saturating_mul(factor).min(self.max)
     }
 
@@ -52,7 +54,10 @@ mod tests {
         assert_eq!(b.ceiling(500), Duration::from_secs(1));
         assert_eq!(b.delay(3, None, 0.0), Duration::from_millis(200));
         assert_eq!(b.delay(3, None, 1.0), Duration::from_millis(400));
-        assert_eq!(b.delay(1, Some(Duration::from_secs(5)), 1.0), Duration::from_secs(5));
+        assert_eq!(
+            b.delay(1, Some(Duration::from_secs(5)), 1.0),
+            Duration::from_secs(5)
+        );
         assert_eq!(parse_retry_after(" 7 "), Some(Duration::from_secs(7)));
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015"), None);
     }

@@ -17,8 +17,11 @@ use rdkafka::error::KafkaError;
 use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 
-use super::ConsumerEvent;
+use super::{AssignedPartition, ConsumerEvent};
 use crate::event::TopicPartition;
+
+/// How long an assignment waits for the group's committed offsets.
+const COMMITTED_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Context shared by the consumer of one connection.
 pub struct ConnectorContext {
@@ -31,7 +34,11 @@ pub struct ConnectorContext {
 }
 
 impl ConnectorContext {
-    pub(crate) fn new(connection: String, events: mpsc::Sender<ConsumerEvent>, revoke_wait: Duration) -> Self {
+    pub(crate) fn new(
+        connection: String,
+        events: mpsc::Sender<ConsumerEvent>,
+        revoke_wait: Duration,
+    ) -> Self {
         Self {
             connection,
             events,
@@ -63,14 +70,21 @@ impl ClientContext for ConnectorContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
         let c = self.connection.as_str();
         match level {
-            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
                 tracing::error!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
             }
-            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", connection = c, facility = fac, "{log_message}"),
+            RDKafkaLogLevel::Warning => {
+                tracing::warn!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+            }
             RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
                 tracing::info!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
             }
-            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", connection = c, facility = fac, "{log_message}"),
+            RDKafkaLogLevel::Debug => {
+                tracing::debug!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+            }
         }
     }
 
@@ -99,10 +113,39 @@ impl ConsumerContext for ConnectorContext {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) if !self.is_closing() && tpl.count() > 0 => {
-                let _ = self.events.blocking_send(ConsumerEvent::Assigned(partitions_of(tpl)));
+                // Read the commit metadata before any message of these partitions is returned
+                // (messages are returned by poll, on this thread, after this callback).
+                let committed = consumer.committed_offsets((*tpl).clone(), COMMITTED_TIMEOUT);
+                if let Err(e) = &committed {
+                    tracing::warn!(connection = %self.connection, error = %e, "cannot read committed offsets; runs accepted above a gap may be offered again");
+                }
+                let partitions = partitions_of(tpl)
+                    .into_iter()
+                    .map(|tp| {
+                        let elem = committed
+                            .as_ref()
+                            .ok()
+                            .and_then(|c| c.find_partition(&tp.topic, tp.partition));
+                        let (committed, metadata) = match elem {
+                            Some(e) => match e.offset() {
+                                rdkafka::Offset::Offset(o) => (Some(o), e.metadata().to_owned()),
+                                _ => (None, String::new()),
+                            },
+                            None => (None, String::new()),
+                        };
+                        AssignedPartition {
+                            tp,
+                            committed,
+                            metadata,
+                        }
+                    })
+                    .collect();
+                let _ = self
+                    .events
+                    .blocking_send(ConsumerEvent::Assigned(partitions));
             }
             Rebalance::Error(e) => {
                 tracing::warn!(connection = %self.connection, error = %e, "rebalance failed");
@@ -111,7 +154,11 @@ impl ConsumerContext for ConnectorContext {
         }
     }
 
-    fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, offsets: &TopicPartitionList) {
+    fn commit_callback(
+        &self,
+        result: rdkafka::error::KafkaResult<()>,
+        offsets: &TopicPartitionList,
+    ) {
         match result {
             Ok(()) => {
                 crate::telemetry::metrics::commit(&self.connection, true);

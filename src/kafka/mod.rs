@@ -34,8 +34,9 @@ pub enum ConsumerEvent {
     Message(OwnedMessage),
     /// The consumer's next-read positions, after the messages before this event.
     Positions(Vec<(TopicPartition, i64)>),
-    /// Partitions were assigned (added, with cooperative rebalancing).
-    Assigned(Vec<TopicPartition>),
+    /// Partitions were assigned (added, with cooperative rebalancing), with the group's
+    /// committed offset and commit metadata when they could be read.
+    Assigned(Vec<AssignedPartition>),
     /// Partitions are being revoked; librdkafka releases them once `ack` is sent.
     Revoked {
         /// The partitions.
@@ -47,6 +48,17 @@ pub enum ConsumerEvent {
     },
     /// An error returned by poll.
     Error(KafkaError),
+}
+
+/// A newly assigned partition and where the group left it.
+#[derive(Debug, Clone)]
+pub struct AssignedPartition {
+    /// The partition.
+    pub tp: TopicPartition,
+    /// The committed offset, if any.
+    pub committed: Option<i64>,
+    /// The commit metadata (see [`offsets`]).
+    pub metadata: String,
 }
 
 /// Properties the connector sets when the user did not, with the reason.

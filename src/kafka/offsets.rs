@@ -2,31 +2,71 @@
 //!
 //! Invariant: the commit offset is the lowest offset that is received and not yet handled,
 //! or, when nothing is outstanding, the next offset the consumer will read. Everything below
-//! it was accepted by the dispatcher (or deliberately skipped). Pure and exhaustively tested.
+//! it was accepted by the dispatcher (or deliberately skipped).
+//!
+//! Offsets handled above the commit offset (keys run in parallel, so later offsets can finish
+//! first) travel in the commit's metadata, `tk1:<commit offset>:<deltas>`. After a restart or
+//! a rebalance the next owner reads them back and does not dispatch those messages again. The
+//! metadata is bounded ([`MAX_METADATA_BYTES`]); offsets that do not fit are left out and are
+//! offered to the dispatcher again, which recognises them by their idempotency key.
+//! Pure and exhaustively tested.
 
 use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+/// Longest commit metadata written (brokers accept 4096 bytes by default).
+pub const MAX_METADATA_BYTES: usize = 2048;
+
+const METADATA_PREFIX: &str = "tk1:";
 
 /// Tracks outstanding offsets of one partition.
 #[derive(Debug, Default)]
 pub struct OffsetTracker {
     /// Received and not yet handled.
     outstanding: BTreeSet<i64>,
+    /// Handled offsets above the commit offset.
+    handled_above: BTreeSet<i64>,
     /// One past the highest offset received, or the consumer's position when further.
     next: Option<i64>,
     /// What was last handed to the consumer to commit.
-    stored: Option<i64>,
+    stored: Option<(i64, String)>,
+}
+
+/// Whether a received message needs dispatching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// Dispatch it.
+    Dispatch,
+    /// The previous owner's commit metadata says it was accepted already.
+    AlreadyAccepted,
 }
 
 impl OffsetTracker {
+    /// A tracker for a partition whose group commit is `offset` with `metadata`.
+    pub fn from_committed(offset: Option<i64>, metadata: &str) -> Self {
+        let mut t = Self::default();
+        if let Some(offset) = offset.filter(|o| *o >= 0) {
+            t.handled_above = parse_metadata(offset, metadata);
+            t.stored = Some((offset, metadata.to_owned()));
+        }
+        t
+    }
+
     /// A message at `offset` was received.
-    pub fn received(&mut self, offset: i64) {
-        let _ = self.outstanding.insert(offset);
+    pub fn received(&mut self, offset: i64) -> Received {
         self.advance_next(offset + 1);
+        if self.handled_above.contains(&offset) {
+            return Received::AlreadyAccepted;
+        }
+        let _ = self.outstanding.insert(offset);
+        Received::Dispatch
     }
 
     /// The message at `offset` was accepted or deliberately skipped.
     pub fn handled(&mut self, offset: i64) {
-        let _ = self.outstanding.remove(&offset);
+        if self.outstanding.remove(&offset) {
+            let _ = self.handled_above.insert(offset);
+        }
     }
 
     /// The consumer's position moved to `position` (the next offset it will return). It can
@@ -47,14 +87,25 @@ impl OffsetTracker {
         self.outstanding.first().copied().or(self.next)
     }
 
-    /// The commit offset when it moved since the last call; records it as stored.
-    pub fn take_new_commit_offset(&mut self) -> Option<i64> {
-        let offset = self.commit_offset()?;
-        if self.stored.is_some_and(|s| s >= offset) {
-            return None;
+    /// The commit offset and its metadata, when they changed since the last call; records
+    /// them as stored. Never goes back below what was stored.
+    pub fn take_new_commit(&mut self) -> Option<(i64, String)> {
+        let (offset, metadata) = self.commit()?;
+        if let Some((s, m)) = &self.stored {
+            if *s > offset || (*s == offset && *m == metadata) {
+                return None;
+            }
         }
-        self.stored = Some(offset);
-        Some(offset)
+        self.stored = Some((offset, metadata.clone()));
+        Some((offset, metadata))
+    }
+
+    /// The commit offset and its metadata now.
+    pub fn commit(&mut self) -> Option<(i64, String)> {
+        let offset = self.commit_offset()?;
+        // Offsets at or below the commit offset are covered by it.
+        self.handled_above = self.handled_above.split_off(&(offset + 1));
+        Some((offset, encode_metadata(offset, &self.handled_above)))
     }
 
     /// Messages received and not handled.
@@ -63,36 +114,147 @@ impl OffsetTracker {
     }
 }
 
+/// `tk1:<offset>:<d>[-<d>],…` with deltas from `offset`; bounded by [`MAX_METADATA_BYTES`].
+fn encode_metadata(offset: i64, above: &BTreeSet<i64>) -> String {
+    if above.is_empty() {
+        return String::new();
+    }
+    let mut out = format!("{METADATA_PREFIX}{offset}:");
+    let mut iter = above.iter().map(|o| o - offset).peekable();
+    let mut first = true;
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end += 1;
+            let _ = iter.next();
+        }
+        let mut item = String::new();
+        if !first {
+            item.push(',');
+        }
+        if start == end {
+            let _ = write!(item, "{start}");
+        } else {
+            let _ = write!(item, "{start}-{end}");
+        }
+        if out.len() + item.len() > MAX_METADATA_BYTES {
+            break;
+        }
+        out.push_str(&item);
+        first = false;
+    }
+    out
+}
+
+/// The handled offsets recorded in `metadata`, if it was written for `offset`.
+pub fn parse_metadata(offset: i64, metadata: &str) -> BTreeSet<i64> {
+    let mut set = BTreeSet::new();
+    let Some(rest) = metadata.strip_prefix(METADATA_PREFIX) else {
+        return set;
+    };
+    let Some((base, list)) = rest.split_once(':') else {
+        return set;
+    };
+    if base.parse::<i64>().ok() != Some(offset) {
+        return set;
+    }
+    for item in list.split(',').filter(|i| !i.is_empty()) {
+        let (a, b) = item.split_once('-').unwrap_or((item, item));
+        let (Ok(a), Ok(b)) = (a.parse::<i64>(), b.parse::<i64>()) else {
+            return BTreeSet::new();
+        };
+        if a < 1 || b < a || b - a > 1_000_000 {
+            return BTreeSet::new();
+        }
+        set.extend((a..=b).map(|d| offset + d));
+    }
+    set
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accepted_offsets_above_a_gap_survive_a_restart() {
+        let mut t = OffsetTracker::default();
+        for o in 10..20 {
+            assert_eq!(t.received(o), Received::Dispatch);
+        }
+        for o in [11, 12, 13, 15, 19] {
+            t.handled(o);
+        }
+        let (offset, metadata) = t.take_new_commit().unwrap();
+        assert_eq!(offset, 10);
+        assert_eq!(metadata, "tk1:10:1-3,5,9");
+        // The next owner reads the commit back.
+        let mut next = OffsetTracker::from_committed(Some(offset), &metadata);
+        assert_eq!(next.take_new_commit(), None);
+        let got: Vec<Received> = (10..20).map(|o| next.received(o)).collect();
+        assert_eq!(
+            got.iter()
+                .filter(|r| **r == Received::AlreadyAccepted)
+                .count(),
+            5
+        );
+        assert_eq!(next.commit_offset(), Some(10));
+        next.handled(10);
+        assert_eq!(next.take_new_commit(), Some((14, "tk1:14:1,5".to_owned())));
+        for o in [14, 16, 17, 18] {
+            next.handled(o);
+        }
+        assert_eq!(next.take_new_commit(), Some((20, String::new())));
+    }
+
+    #[test]
+    fn metadata_for_another_offset_or_garbage_is_ignored() {
+        assert!(parse_metadata(5, "tk1:4:1").is_empty());
+        assert!(parse_metadata(5, "something else").is_empty());
+        assert!(parse_metadata(5, "tk1:5:x").is_empty());
+        assert!(parse_metadata(5, "tk1:5:0").is_empty());
+        assert_eq!(
+            parse_metadata(5, "tk1:5:2-4")
+                .into_iter()
+                .collect::<Vec<_>>(),
+            vec![7, 8, 9]
+        );
+    }
+
+    #[test]
+    fn metadata_is_bounded() {
+        let above: BTreeSet<i64> = (0..5000).map(|i| 100 + 2 * i + 1).collect();
+        let m = encode_metadata(100, &above);
+        assert!(m.len() <= MAX_METADATA_BYTES);
+        let back = parse_metadata(100, &m);
+        assert!(!back.is_empty() && back.iter().all(|o| above.contains(o)));
+    }
 
     #[test]
     fn commit_offset_stops_at_the_first_gap() {
         let mut t = OffsetTracker::default();
         assert_eq!(t.commit_offset(), None);
         for o in 10..15 {
-            t.received(o);
+            let _ = t.received(o);
         }
         assert_eq!(t.commit_offset(), Some(10));
         t.handled(11);
         t.handled(12);
-        assert_eq!(t.take_new_commit_offset(), Some(10));
-        assert_eq!(t.take_new_commit_offset(), None);
+        assert_eq!(t.take_new_commit(), Some((10, "tk1:10:1-2".to_owned())));
+        assert_eq!(t.take_new_commit(), None);
         t.handled(10);
-        assert_eq!(t.take_new_commit_offset(), Some(13));
+        assert_eq!(t.take_new_commit(), Some((13, String::new())));
         t.handled(14);
         assert_eq!(t.commit_offset(), Some(13));
         t.handled(13);
-        assert_eq!(t.take_new_commit_offset(), Some(15));
+        assert_eq!(t.take_new_commit(), Some((15, String::new())));
         assert_eq!(t.outstanding(), 0);
     }
 
     #[test]
     fn position_moves_past_control_records_only_when_nothing_is_outstanding() {
         let mut t = OffsetTracker::default();
-        t.received(0);
-        t.received(1);
+        let _ = t.received(0);
+        let _ = t.received(1);
         t.position(3); // commit marker at 2
         assert_eq!(t.commit_offset(), Some(0));
         t.handled(0);
@@ -122,7 +284,9 @@ mod tests {
         assert_eq!(perms.len(), 120);
         for order in perms {
             let mut t = OffsetTracker::default();
-            offsets.iter().for_each(|o| t.received(*o));
+            offsets.iter().for_each(|o| {
+                let _ = t.received(*o);
+            });
             let mut done = BTreeSet::new();
             for o in order {
                 t.handled(o);

@@ -65,7 +65,9 @@ pub(crate) fn spawn_poll_loop(
                             })
                             .collect();
                         if !positions.is_empty()
-                            && events.blocking_send(ConsumerEvent::Positions(positions)).is_err()
+                            && events
+                                .blocking_send(ConsumerEvent::Positions(positions))
+                                .is_err()
                         {
                             break;
                         }

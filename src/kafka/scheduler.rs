@@ -154,7 +154,9 @@ mod tests {
                     None => break,
                 }
             }
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let i = (seed >> 33) as usize % in_flight.len();
             let (key, _) = in_flight.swap_remove(i);
             q.finished(&key);

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::context::ConnectorContext;
-use super::offsets::OffsetTracker;
+use super::offsets::{OffsetTracker, Received};
 use super::scheduler::PartitionQueue;
 use super::worker::{self, TriggerRuntime, WorkOutcome};
 use super::{consumer_config, ConsumerEvent};
@@ -113,9 +113,11 @@ impl ConnectionSupervisor {
             reason,
         };
         let registry = match &config.schema_registry {
-            Some(r) => Some(Arc::new(
-                RegistryClient::try_new(r).map_err(|e| setup(format!("schema registry client: {e}")))?,
-            )),
+            Some(r) => {
+                Some(Arc::new(RegistryClient::try_new(r).map_err(|e| {
+                    setup(format!("schema registry client: {e}"))
+                })?))
+            }
             None => None,
         };
         let decoder = Decoder::new(registry);
@@ -221,9 +223,10 @@ impl ConnectionSupervisor {
                     }
                 }
             }
-            ConsumerEvent::Assigned(tps) => {
+            ConsumerEvent::Assigned(assigned) => {
                 metrics::rebalance(&self.name, "assign");
-                for tp in tps {
+                for a in assigned {
+                    let tp = a.tp;
                     let Some(trigger) = self.triggers.get(&tp.topic).cloned() else {
                         continue;
                     };
@@ -233,7 +236,7 @@ impl ConnectionSupervisor {
                         queue: PartitionQueue::new(trigger.config.ordering),
                         trigger,
                         generation: self.generation,
-                        tracker: OffsetTracker::default(),
+                        tracker: OffsetTracker::from_committed(a.committed, &a.metadata),
                         received_any: false,
                         paused: false,
                         buffered_bytes: 0,
@@ -246,7 +249,11 @@ impl ConnectionSupervisor {
                 }
                 self.report_partitions();
             }
-            ConsumerEvent::Revoked { partitions, lost, ack } => {
+            ConsumerEvent::Revoked {
+                partitions,
+                lost,
+                ack,
+            } => {
                 metrics::rebalance(&self.name, if lost { "lost" } else { "revoke" });
                 tracing::info!(connection = %self.name, partitions = partitions.len(), lost, "partitions revoked");
                 for tp in &partitions {
@@ -263,7 +270,12 @@ impl ConnectionSupervisor {
                     }
                 }
                 let deadline = Instant::now() + Duration::from_millis(self.config.drain_timeout_ms);
-                self.pending_revoke = Some(PendingRevoke { partitions, lost, ack, deadline });
+                self.pending_revoke = Some(PendingRevoke {
+                    partitions,
+                    lost,
+                    ack,
+                    deadline,
+                });
             }
             ConsumerEvent::Error(e) => {
                 tracing::warn!(connection = %self.name, error = %e, "kafka consumer error");
@@ -281,9 +293,13 @@ impl ConnectionSupervisor {
             tracing::warn!(connection = %self.name, topic = %tp.topic, partition = tp.partition, offset = msg.offset(), "message for a partition not assigned; ignored");
             return;
         };
-        let bytes = msg_bytes(&msg);
         p.received_any = true;
-        p.tracker.received(msg.offset());
+        if p.tracker.received(msg.offset()) == Received::AlreadyAccepted {
+            metrics::handled(&self.name, &p.trigger.name, "already_accepted");
+            tracing::debug!(connection = %self.name, topic = %tp.topic, partition = tp.partition, offset = msg.offset(), "accepted before the last commit; not dispatched again");
+            return;
+        }
+        let bytes = msg_bytes(&msg);
         p.buffered_bytes += bytes;
         self.buffered_bytes += bytes;
         let key = msg.key().map(<[u8]>::to_vec);
@@ -301,7 +317,11 @@ impl ConnectionSupervisor {
         p.queue.finished(&c.key);
         match c.outcome {
             WorkOutcome::Accepted | WorkOutcome::Skipped => {
-                let label = if c.outcome == WorkOutcome::Accepted { "accepted" } else { "skipped" };
+                let label = if c.outcome == WorkOutcome::Accepted {
+                    "accepted"
+                } else {
+                    "skipped"
+                };
                 metrics::handled(&self.name, &p.trigger.name, label);
                 p.tracker.handled(c.offset);
             }
@@ -347,7 +367,10 @@ impl ConnectionSupervisor {
                 metrics::in_flight(&self.name, 1.0);
                 let _ = self.tasks.spawn(async move {
                     let outcome = worker::process(trigger, msg, Some(permit), drain, cancel).await;
-                    let _ = done.send(Completion { outcome, ..completion });
+                    let _ = done.send(Completion {
+                        outcome,
+                        ..completion
+                    });
                 });
             }
         }
@@ -357,8 +380,8 @@ impl ConnectionSupervisor {
     fn store_offsets(&mut self) {
         let mut tpl = TopicPartitionList::new();
         for (tp, p) in self.partitions.iter_mut() {
-            if let Some(offset) = p.tracker.take_new_commit_offset() {
-                let _ = tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(offset));
+            if let Some((offset, metadata)) = p.tracker.take_new_commit() {
+                add_commit(&mut tpl, tp, offset, &metadata);
             }
         }
         if tpl.count() > 0 {
@@ -442,9 +465,9 @@ impl ConnectionSupervisor {
         let mut tpl = TopicPartitionList::new();
         for tp in tps {
             if let Some(p) = self.partitions.get_mut(tp) {
-                let _ = p.tracker.take_new_commit_offset();
-                if let Some(offset) = p.tracker.commit_offset() {
-                    let _ = tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(offset));
+                let _ = p.tracker.take_new_commit();
+                if let Some((offset, metadata)) = p.tracker.commit() {
+                    add_commit(&mut tpl, tp, offset, &metadata);
                 }
             }
         }
@@ -453,7 +476,13 @@ impl ConnectionSupervisor {
         }
         let consumer = Arc::clone(&self.consumer);
         let name = self.name.clone();
-        let result = tokio::task::spawn_blocking(move || consumer.commit(&tpl, CommitMode::Sync)).await;
+        // Store first: librdkafka commits stored offsets again on close, and an older stored
+        // offset must not replace this commit.
+        let result = tokio::task::spawn_blocking(move || {
+            consumer.store_offsets(&tpl)?;
+            consumer.commit(&tpl, CommitMode::Sync)
+        })
+        .await;
         match result {
             Ok(Ok(())) => {
                 metrics::commit(&name, true);
@@ -504,6 +533,12 @@ impl ConnectionSupervisor {
         let _ = tokio::task::spawn_blocking(move || poll_thread.join()).await;
         tracing::info!(connection = %self.name, "consumer closed");
     }
+}
+
+fn add_commit(tpl: &mut TopicPartitionList, tp: &TopicPartition, offset: i64, metadata: &str) {
+    let mut elem = tpl.add_partition(&tp.topic, tp.partition);
+    let _ = elem.set_offset(Offset::Offset(offset));
+    elem.set_metadata(metadata);
 }
 
 fn msg_bytes(m: &OwnedMessage) -> usize {

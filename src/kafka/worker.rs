@@ -80,7 +80,9 @@ pub async fn process(
         };
         // Give the permit back while waiting so that other keys keep their concurrency.
         drop(permit.take());
-        let delay = trigger.backoff.delay(attempt, retry_after, rand::random::<f64>());
+        let delay = trigger
+            .backoff
+            .delay(attempt, retry_after, rand::random::<f64>());
         tokio::select! {
             _ = drain.cancelled() => return WorkOutcome::Abandoned,
             _ = tokio::time::sleep(delay) => {}
@@ -128,7 +130,12 @@ async fn attempt_once(
         .dispatcher
         .dispatch(body, id, event::traceparent(headers))
         .await;
-    metrics::dispatch_attempt(&trigger.connection, &trigger.name, outcome.label(), started.elapsed().as_secs_f64());
+    metrics::dispatch_attempt(
+        &trigger.connection,
+        &trigger.name,
+        outcome.label(),
+        started.elapsed().as_secs_f64(),
+    );
     match outcome {
         DispatchOutcome::Accepted { .. } => {
             tracing::debug!(
@@ -137,7 +144,11 @@ async fn attempt_once(
             );
             Attempt::Done(WorkOutcome::Accepted)
         }
-        DispatchOutcome::Retryable { status, reason, retry_after } => {
+        DispatchOutcome::Retryable {
+            status,
+            reason,
+            retry_after,
+        } => {
             tracing::warn!(
                 connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
                 partition = msg.partition(), offset = msg.offset(), status = ?status,
@@ -158,7 +169,9 @@ async fn attempt_once(
                 connection = %trigger.connection, trigger = %trigger.name, status, error = %reason,
                 "dispatcher refused the trigger's credentials; check dispatcher.token"
             );
-            Attempt::Retry { retry_after: Some(Duration::from_secs(30)) }
+            Attempt::Retry {
+                retry_after: Some(Duration::from_secs(30)),
+            }
         }
     }
 }
@@ -170,7 +183,10 @@ fn apply_error_policy(trigger: &TriggerRuntime) -> Attempt {
     }
 }
 
-async fn decode(trigger: &TriggerRuntime, msg: &OwnedMessage) -> Result<(Decoded, Decoded), (Field, crate::codec::DecodeError)> {
+async fn decode(
+    trigger: &TriggerRuntime,
+    msg: &OwnedMessage,
+) -> Result<(Decoded, Decoded), (Field, crate::codec::DecodeError)> {
     let cfg = &trigger.config;
     let key = trigger
         .decoder

@@ -32,16 +32,34 @@ pub const REGISTRY_CACHE: &str = "tessel_kafka_registry_cache_lookups_total";
 pub fn install() -> Option<PrometheusHandle> {
     let handle = PrometheusBuilder::new().install_recorder().ok()?;
     describe_counter!(MESSAGES_CONSUMED, "Messages received from Kafka.");
-    describe_counter!(DISPATCH_ATTEMPTS, "Dispatch attempts to the run dispatcher, by outcome.");
-    describe_counter!(MESSAGES_HANDLED, "Messages handled, by outcome (accepted, skipped).");
-    describe_counter!(DECODE_ERRORS, "Keys or values that failed to decode, by class.");
+    describe_counter!(
+        DISPATCH_ATTEMPTS,
+        "Dispatch attempts to the run dispatcher, by outcome."
+    );
+    describe_counter!(
+        MESSAGES_HANDLED,
+        "Messages handled, by outcome (accepted, skipped)."
+    );
+    describe_counter!(
+        DECODE_ERRORS,
+        "Keys or values that failed to decode, by class."
+    );
     describe_histogram!(DISPATCH_SECONDS, "Duration of one dispatch request.");
     describe_gauge!(RUNS_IN_FLIGHT, "Dispatches in flight.");
-    describe_gauge!(PAUSED_PARTITIONS, "Partitions paused because their buffer is full.");
+    describe_gauge!(
+        PAUSED_PARTITIONS,
+        "Partitions paused because their buffer is full."
+    );
     describe_gauge!(ASSIGNED_PARTITIONS, "Partitions assigned to this consumer.");
-    describe_counter!(REBALANCES, "Rebalance events, by kind (assign, revoke, lost).");
+    describe_counter!(
+        REBALANCES,
+        "Rebalance events, by kind (assign, revoke, lost)."
+    );
     describe_counter!(COMMITS, "Offset commits, by result.");
-    describe_counter!(REGISTRY_CACHE, "Schema cache lookups, by result (hit, miss).");
+    describe_counter!(
+        REGISTRY_CACHE,
+        "Schema cache lookups, by result (hit, miss)."
+    );
     Some(handle)
 }
 
@@ -52,7 +70,8 @@ pub fn registry_cache(hit: bool) {
 
 /// A message was received.
 pub fn consumed(connection: &str, topic: &str) {
-    counter!(MESSAGES_CONSUMED, "connection" => connection.to_owned(), "topic" => topic.to_owned()).increment(1);
+    counter!(MESSAGES_CONSUMED, "connection" => connection.to_owned(), "topic" => topic.to_owned())
+        .increment(1);
 }
 
 /// A dispatch attempt ended.

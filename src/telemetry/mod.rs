@@ -13,7 +13,11 @@ pub fn init_tracing(config: &LogConfig) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = match config.format {
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
         LogFormat::Text => builder.try_init(),
     };
 }

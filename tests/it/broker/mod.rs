@@ -1,0 +1,177 @@
+//! Tests against the real broker and registry (feature `kafka-integration-tests`).
+
+mod demo;
+mod pipeline;
+mod restart;
+mod smoke;
+mod transactions;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+use serde_json::Value;
+use tessel_kafka::app::App;
+use tessel_kafka::config::Config;
+use tessel_kafka::dev_dispatcher::{DevDispatcher, Faults};
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::stack;
+
+/// Creates `topic` with `partitions` partitions through the PLAINTEXT listener.
+pub async fn create_topic(topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &stack().bootstrap)
+        .create()
+        .expect("admin client");
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let res = admin
+        .create_topics(
+            &[new],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+        )
+        .await
+        .expect("create topics");
+    for r in res {
+        r.unwrap_or_else(|(t, e)| panic!("cannot create topic {t}: {e}"));
+    }
+}
+
+/// Runs the reference producer (Python confluent-kafka serializers) with `spec`.
+pub async fn reference_produce(spec: Value) -> Value {
+    let script = crate::support::repo().join("scripts/py/refproduce.py");
+    let mut child = tokio::process::Command::new(&stack().python)
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the reference producer");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(spec.to_string().as_bytes())
+        .await
+        .expect("write spec");
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+        .await
+        .expect("reference producer timed out")
+        .expect("reference producer output");
+    assert!(
+        out.status.success(),
+        "reference producer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("reference producer JSON")
+}
+
+/// Committed offsets of `group` for `partitions` of `topic` (-1 when none).
+pub fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &stack().bootstrap)
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed offsets");
+    (0..partitions)
+        .map(|p| match got.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => o,
+            _ => -1,
+        })
+        .collect()
+}
+
+/// High watermarks of `topic`'s partitions.
+pub fn high_watermarks(topic: &str, partitions: i32) -> Vec<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &stack().bootstrap)
+        .create()
+        .expect("consumer");
+    (0..partitions)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("watermarks")
+                .1
+        })
+        .collect()
+}
+
+/// A connector running in this process.
+pub struct Connector {
+    token: CancellationToken,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Connector {
+    /// Builds and starts the connector from TOML text.
+    pub fn start(toml: &str) -> Self {
+        let config = Config::from_toml_with_env(toml, Vec::new()).expect("valid config");
+        let app = App::build(config).expect("app builds");
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(app.run(token.clone(), false));
+        Self { token, handle }
+    }
+
+    /// Orderly shutdown: drain, commit, close.
+    pub async fn stop(self) {
+        self.token.cancel();
+        tokio::time::timeout(Duration::from_secs(60), self.handle)
+            .await
+            .expect("connector stops within 60 s")
+            .expect("connector task")
+            .expect("connector result");
+    }
+}
+
+/// A dev dispatcher for one test.
+pub async fn dispatcher(faults: Faults) -> DevDispatcher {
+    DevDispatcher::start(
+        "127.0.0.1:0".parse().unwrap(),
+        faults,
+        false,
+        CancellationToken::new(),
+    )
+    .await
+    .expect("dev dispatcher")
+}
+
+/// A connection with one trigger on `topic`, plain listener, the stack's registry.
+pub fn connection_toml(
+    group: &str,
+    topic: &str,
+    dispatcher_url: &str,
+    trigger_extra: &str,
+) -> String {
+    format!(
+        r#"
+[connections.it]
+drain_timeout_ms = 10000
+[connections.it.kafka]
+"bootstrap.servers" = "{bootstrap}"
+"group.id" = "{group}"
+"auto.offset.reset" = "earliest"
+[connections.it.schema_registry]
+url = "{registry}"
+[connections.it.triggers.main]
+topics = ["{topic}"]
+workflow = "wf-{topic}"
+dispatcher = {{ url = "{dispatcher_url}", timeout_ms = 5000 }}
+retry = {{ initial_backoff_ms = 50, max_backoff_ms = 500 }}
+{trigger_extra}
+"#,
+        bootstrap = stack().bootstrap,
+        registry = stack().registry_url,
+    )
+}

@@ -1,0 +1,118 @@
+//! The daemon as users run it: SIGTERM drains and commits, a restart continues where it left
+//! off, and nothing is dispatched twice or missed.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+use tessel_kafka::dev_dispatcher::Faults;
+
+use super::{committed, create_topic, dispatcher, high_watermarks, reference_produce};
+use crate::support::{binary, stack, temp_config, unique, wait_for};
+
+fn spawn_daemon(config: &std::path::Path) -> Child {
+    Command::new(binary())
+        .args(["run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start tessel-kafka")
+}
+
+async fn terminate(mut child: Child) {
+    let pid = child.id().to_string();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        status.success(),
+        "daemon exits 0 after SIGTERM, got {status}"
+    );
+}
+
+async fn produce(topic: &str, from: usize, to: usize) {
+    let records: Vec<_> = (from..to)
+        .map(|i| json!({"key": format!("k{}", i % 100), "value": {"i": i}}))
+        .collect();
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"}, "value": {"format": "json"},
+        "steps": [{"txn": null, "records": records}]
+    }))
+    .await;
+}
+
+#[tokio::test]
+async fn sigterm_and_restart_dispatch_every_message_exactly_once() {
+    let topic = unique("restart");
+    create_topic(&topic, 4).await;
+    produce(&topic, 0, 2000).await;
+    let d = dispatcher(Faults {
+        latency_ms: (0, 20),
+        ..Faults::default()
+    })
+    .await;
+    let group = unique("restart-group");
+    let config = temp_config(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[connections.it]
+drain_timeout_ms = 10000
+[connections.it.kafka]
+"bootstrap.servers" = "{}"
+"group.id" = "{group}"
+[connections.it.triggers.main]
+topics = ["{topic}"]
+workflow = "wf"
+concurrency = 16
+dispatcher = {{ url = "{}" }}
+"#,
+        stack().bootstrap,
+        d.url()
+    ));
+    let daemon = spawn_daemon(&config);
+    wait_for("300 runs before SIGTERM", Duration::from_secs(90), || {
+        (d.accepted() >= 300).then_some(())
+    })
+    .await;
+    terminate(daemon).await;
+    let at_stop = d.accepted();
+    assert!(
+        at_stop < 2000,
+        "the test wants runs in flight at SIGTERM; all {at_stop} were done"
+    );
+    produce(&topic, 2000, 2500).await;
+    let daemon = spawn_daemon(&config);
+    wait_for("2500 runs", Duration::from_secs(120), || {
+        (d.accepted() >= 2500).then_some(())
+    })
+    .await;
+    let hwm = high_watermarks(&topic, 4);
+    wait_for("commits at the end", Duration::from_secs(30), || {
+        (committed(&group, &topic, 4) == hwm).then_some(())
+    })
+    .await;
+    terminate(daemon).await;
+    assert_eq!(d.accepted(), 2500, "every message once");
+    assert_eq!(
+        d.repeats(),
+        0,
+        "no message dispatched again after it was accepted: {:?}",
+        d.repeated_keys()
+    );
+    let mut seen: Vec<i64> = d
+        .runs()
+        .iter()
+        .map(|r| r.event["value"]["i"].as_i64().unwrap())
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..2500).collect::<Vec<i64>>());
+}

@@ -1,0 +1,106 @@
+//! The binary refuses bad configuration with one line naming the key, before connecting.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::support::{binary, temp_config};
+
+const GOOD: &str = r#"
+[connections.orders.kafka]
+"bootstrap.servers" = "127.0.0.1:1"
+"group.id" = "g"
+
+[connections.orders.triggers.t]
+topics = ["payments"]
+workflow = "w"
+dispatcher = { url = "http://127.0.0.1:1/runs" }
+"#;
+
+fn run_with(text: &str) -> (bool, String, Duration) {
+    let path = temp_config(text);
+    let started = Instant::now();
+    let out = Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run binary");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        started.elapsed(),
+    )
+}
+
+fn assert_refused(text: &str, key: &str) {
+    let (ok, stderr, took) = run_with(text);
+    assert!(!ok, "config was accepted: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {stderr}");
+    assert!(
+        lines[0].contains(key),
+        "error does not name {key}: {stderr}"
+    );
+    // It fails before any connection: the unreachable broker would take seconds.
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn missing_bootstrap_servers_is_refused() {
+    assert_refused(
+        &GOOD.replace("\"bootstrap.servers\" = \"127.0.0.1:1\"\n", ""),
+        "bootstrap.servers",
+    );
+}
+
+#[test]
+fn unknown_key_is_refused() {
+    assert_refused(
+        &GOOD.replace("workflow = \"w\"", "workflow = \"w\"\ncuncurrency = 3"),
+        "cuncurrency",
+    );
+}
+
+#[test]
+fn trigger_without_topics_is_refused() {
+    assert_refused(
+        &GOOD.replace("topics = [\"payments\"]", "topics = []"),
+        "triggers.t.topics",
+    );
+}
+
+#[test]
+fn read_uncommitted_is_refused() {
+    assert_refused(
+        &GOOD.replace(
+            "\"group.id\" = \"g\"",
+            "\"group.id\" = \"g\"\n\"isolation.level\" = \"read_uncommitted\"",
+        ),
+        "isolation.level",
+    );
+}
+
+#[test]
+fn config_check_prints_effective_config_without_secrets() {
+    let text = GOOD
+        .replace(
+            "\"group.id\" = \"g\"",
+            "\"group.id\" = \"g\"\n\"sasl.password\" = \"pw-9f3a1\"",
+        )
+        .replace(
+            "dispatcher = { url = \"http://127.0.0.1:1/runs\" }",
+            "dispatcher = { url = \"http://127.0.0.1:1/runs\", token = \"tok-77c2\" }",
+        );
+    let path = temp_config(&text);
+    let out = Command::new(binary())
+        .args(["config", "check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("concurrency = 16"), "{stdout}");
+    assert!(
+        !stdout.contains("pw-9f3a1") && !stdout.contains("tok-77c2"),
+        "{stdout}"
+    );
+}

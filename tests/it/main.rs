@@ -1,0 +1,13 @@
+#![allow(unreachable_pub)]
+//! The one integration-test binary.
+//!
+//! - `cli`: the binary's behaviour that needs no broker (config errors).
+//! - `broker`: tests against the real Kafka broker and Schema Registry started by
+//!   `scripts/stack up`; compiled only with the `kafka-integration-tests` feature, which
+//!   `scripts/test` turns on. With the feature on, a missing stack fails the tests.
+
+mod cli;
+mod support;
+
+#[cfg(feature = "kafka-integration-tests")]
+mod broker;
