@@ -56,6 +56,8 @@ pub struct AcceptedRun {
     pub traceparent: Option<String>,
     /// The Authorization header, if sent.
     pub authorization: Option<String>,
+    /// When it was accepted.
+    pub accepted_at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -165,6 +167,11 @@ impl DevDispatcher {
         self.state.attempts.load(Ordering::SeqCst)
     }
 
+    /// Requests being answered right now.
+    pub fn in_flight(&self) -> usize {
+        self.state.in_flight.load(Ordering::SeqCst)
+    }
+
     /// The most requests ever in flight at once.
     pub fn max_in_flight(&self) -> usize {
         self.state.max_in_flight.load(Ordering::SeqCst)
@@ -243,6 +250,7 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
         event,
         traceparent: header("traceparent"),
         authorization: header("authorization"),
+        accepted_at: std::time::Instant::now(),
     });
     (StatusCode::ACCEPTED, "accepted").into_response()
 }

@@ -94,6 +94,12 @@ impl ClientContext for ConnectorContext {
 }
 
 impl ConsumerContext for ConnectorContext {
+    /// Logs, errors and commit results arrive on the main queue; serve it every 50 ms rather
+    /// than librdkafka's default of once a second, so they are seen promptly.
+    fn main_queue_min_poll_interval(&self) -> rdkafka::util::Timeout {
+        rdkafka::util::Timeout::After(Duration::from_millis(50))
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(tpl) = rebalance else {
             return;

@@ -2,7 +2,7 @@
 //! starts workers within each trigger's concurrency, stores offsets as runs are accepted, and
 //! drains on revoke and shutdown.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,6 +71,14 @@ struct PartitionState {
     cancel: CancellationToken,
 }
 
+/// What a worker tells the supervisor.
+enum WorkerEvent {
+    /// A started message ended.
+    Finished(Completion),
+    /// A worker gave its permit back while it waits to retry: other partitions may start.
+    Yielded(Arc<TriggerRuntime>),
+}
+
 struct Completion {
     tp: TopicPartition,
     generation: u64,
@@ -96,14 +104,30 @@ pub struct ConnectionSupervisor {
     triggers: HashMap<String, Arc<TriggerRuntime>>,
     partitions: HashMap<TopicPartition, PartitionState>,
     generation: u64,
-    completions_tx: mpsc::UnboundedSender<Completion>,
-    completions: mpsc::UnboundedReceiver<Completion>,
+    completions_tx: mpsc::UnboundedSender<WorkerEvent>,
+    completions: mpsc::UnboundedReceiver<WorkerEvent>,
+    /// Partitions with something to do: start messages, store offsets, pause or resume.
+    dirty: HashSet<TopicPartition>,
+    /// Partitions that had startable messages but no permit, by trigger name.
+    starved: HashMap<String, HashSet<TopicPartition>>,
+    /// Commits stored but not yet sent; sent asynchronously, at most every COMMIT_INTERVAL.
+    unsent: HashMap<TopicPartition, (i64, String)>,
+    /// When the last asynchronous commit was sent.
+    last_commit: Instant,
+    /// Whether the global byte budget was exceeded at the last check.
+    global_full: bool,
     tasks: TaskTracker,
     buffered_bytes: usize,
     pending_revoke: Option<PendingRevoke>,
 }
 
 const EVENT_CHANNEL: usize = 1024;
+
+/// Accepted offsets reach the group within this interval plus one round trip. Commits are
+/// asynchronous and pipelined (librdkafka sends them in order on one connection), so a crash
+/// offers again only what was accepted in that window; the broker sees at most 100 commits a
+/// second per connection, and none while nothing is accepted.
+const COMMIT_INTERVAL: Duration = Duration::from_millis(10);
 
 impl ConnectionSupervisor {
     /// Creates the consumer and the triggers' clients; opens no connection yet.
@@ -163,6 +187,11 @@ impl ConnectionSupervisor {
             generation: 0,
             completions_tx,
             completions,
+            dirty: HashSet::new(),
+            starved: HashMap::new(),
+            unsent: HashMap::new(),
+            last_commit: Instant::now(),
+            global_full: false,
             tasks: TaskTracker::new(),
             buffered_bytes: 0,
             pending_revoke: None,
@@ -193,8 +222,9 @@ impl ConnectionSupervisor {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
-                Some(c) = self.completions.recv() => self.on_completion(c),
+                Some(e) = self.completions.recv() => self.on_worker_event(e),
                 _ = sleep_until_opt(revoke_deadline) => {}
+                _ = tokio::time::sleep_until(self.last_commit + COMMIT_INTERVAL), if !self.unsent.is_empty() => {}
                 event = self.events.recv(), if self.pending_revoke.is_none() => match event {
                     Some(e) => self.on_event(e),
                     None => break,
@@ -203,9 +233,8 @@ impl ConnectionSupervisor {
             if self.pending_revoke.is_some() {
                 self.try_finish_revoke().await;
             }
-            self.schedule();
-            self.store_offsets();
-            self.adjust_pauses();
+            self.process_dirty();
+            self.send_commits();
         }
         self.shut_down(stop, poll_thread).await;
         Ok(())
@@ -219,6 +248,7 @@ impl ConnectionSupervisor {
                     if let Some(p) = self.partitions.get_mut(&tp) {
                         if p.received_any {
                             p.tracker.position(pos);
+                            let _ = self.dirty.insert(tp);
                         }
                     }
                 }
@@ -295,6 +325,7 @@ impl ConnectionSupervisor {
         };
         p.received_any = true;
         if p.tracker.received(msg.offset()) == Received::AlreadyAccepted {
+            let _ = self.dirty.insert(tp.clone());
             metrics::handled(&self.name, &p.trigger.name, "already_accepted");
             tracing::debug!(connection = %self.name, topic = %tp.topic, partition = tp.partition, offset = msg.offset(), "accepted before the last commit; not dispatched again");
             return;
@@ -304,6 +335,21 @@ impl ConnectionSupervisor {
         self.buffered_bytes += bytes;
         let key = msg.key().map(<[u8]>::to_vec);
         p.queue.push(key, msg);
+        let _ = self.dirty.insert(tp);
+    }
+
+    fn on_worker_event(&mut self, event: WorkerEvent) {
+        match event {
+            WorkerEvent::Finished(c) => self.on_completion(c),
+            WorkerEvent::Yielded(trigger) => self.wake_starved(&trigger.name),
+        }
+    }
+
+    /// A permit of `trigger` came free: its starved partitions may start messages again.
+    fn wake_starved(&mut self, trigger: &str) {
+        if let Some(starved) = self.starved.get_mut(trigger) {
+            self.dirty.extend(starved.drain());
+        }
     }
 
     fn on_completion(&mut self, c: Completion) {
@@ -314,7 +360,13 @@ impl ConnectionSupervisor {
         if p.generation != c.generation {
             return;
         }
+        let trigger = p.trigger.name.clone();
         p.queue.finished(&c.key);
+        let _ = self.dirty.insert(c.tp.clone());
+        self.wake_starved(&trigger);
+        let Some(p) = self.partitions.get_mut(&c.tp) else {
+            return;
+        };
         match c.outcome {
             WorkOutcome::Accepted | WorkOutcome::Skipped => {
                 let label = if c.outcome == WorkOutcome::Accepted {
@@ -329,83 +381,59 @@ impl ConnectionSupervisor {
         }
     }
 
-    /// Starts every message allowed by ordering and concurrency.
-    fn schedule(&mut self) {
-        let revoking: Vec<TopicPartition> = self
+    /// Works through the partitions that changed: starts what ordering and concurrency
+    /// allow, stores advanced commit offsets, pauses full partitions and resumes drained ones.
+    /// Only changed partitions are visited, so thousands of idle partitions cost nothing.
+    fn process_dirty(&mut self) {
+        let full = self.buffered_bytes >= self.config.max_buffered_bytes;
+        let low = self.buffered_bytes <= self.config.max_buffered_bytes / 2;
+        if full != self.global_full || (self.global_full && low) {
+            // The global budget changed state: every partition may need pausing or resuming.
+            self.global_full = full;
+            self.dirty.extend(self.partitions.keys().cloned());
+        }
+        if self.dirty.is_empty() {
+            return;
+        }
+        let revoking: HashSet<TopicPartition> = self
             .pending_revoke
             .as_ref()
-            .map(|r| r.partitions.clone())
+            .map(|r| r.partitions.iter().cloned().collect())
             .unwrap_or_default();
-        for (tp, p) in self.partitions.iter_mut() {
-            if revoking.contains(tp) {
-                continue;
-            }
-            loop {
-                if p.queue.waiting() == 0 {
-                    break;
-                }
-                let Ok(permit) = Arc::clone(&p.trigger.permits).try_acquire_owned() else {
-                    break;
-                };
-                let Some((key, msg)) = p.queue.pop_startable() else {
-                    break;
-                };
-                let bytes = msg_bytes(&msg);
-                p.buffered_bytes -= bytes;
-                self.buffered_bytes -= bytes;
-                let completion = Completion {
-                    tp: tp.clone(),
-                    generation: p.generation,
-                    offset: msg.offset(),
-                    key,
-                    outcome: WorkOutcome::Abandoned,
-                };
-                let trigger = Arc::clone(&p.trigger);
-                let drain = p.drain.clone();
-                let cancel = p.cancel.clone();
-                let done = self.completions_tx.clone();
-                metrics::in_flight(&self.name, 1.0);
-                let _ = self.tasks.spawn(async move {
-                    let outcome = worker::process(trigger, msg, Some(permit), drain, cancel).await;
-                    let _ = done.send(Completion {
-                        outcome,
-                        ..completion
-                    });
-                });
-            }
-        }
-    }
-
-    /// Hands every advanced commit offset to librdkafka (committed in the background).
-    fn store_offsets(&mut self) {
-        let mut tpl = TopicPartitionList::new();
-        for (tp, p) in self.partitions.iter_mut() {
-            if let Some((offset, metadata)) = p.tracker.take_new_commit() {
-                add_commit(&mut tpl, tp, offset, &metadata);
-            }
-        }
-        if tpl.count() > 0 {
-            if let Err(e) = self.consumer.store_offsets(&tpl) {
-                tracing::warn!(connection = %self.name, error = %e, "cannot store offsets");
-            }
-        }
-    }
-
-    /// Pauses partitions whose buffer is full, resumes them at half.
-    fn adjust_pauses(&mut self) {
         let per_partition = self.config.max_buffered_per_partition;
-        let global_full = self.buffered_bytes >= self.config.max_buffered_bytes;
-        let global_low = self.buffered_bytes <= self.config.max_buffered_bytes / 2;
+        let mut store = TopicPartitionList::new();
         let mut pause = TopicPartitionList::new();
         let mut resume = TopicPartitionList::new();
-        for (tp, p) in self.partitions.iter_mut() {
+        for tp in std::mem::take(&mut self.dirty) {
+            if !self.partitions.contains_key(&tp) {
+                continue;
+            }
+            if !revoking.contains(&tp) {
+                let starved = self.start_ready(&tp);
+                if starved {
+                    let trigger = self.partitions[&tp].trigger.name.clone();
+                    let _ = self.starved.entry(trigger).or_default().insert(tp.clone());
+                }
+            }
+            let Some(p) = self.partitions.get_mut(&tp) else {
+                continue;
+            };
+            if let Some((offset, metadata)) = p.tracker.take_new_commit() {
+                add_commit(&mut store, &tp, offset, &metadata);
+                let _ = self.unsent.insert(tp.clone(), (offset, metadata));
+            }
             let waiting = p.queue.waiting();
-            if !p.paused && (waiting >= per_partition || (global_full && waiting > 0)) {
+            if !p.paused && (waiting >= per_partition || (full && waiting > 0)) {
                 p.paused = true;
                 let _ = pause.add_partition(&tp.topic, tp.partition);
-            } else if p.paused && waiting <= per_partition / 2 && global_low {
+            } else if p.paused && waiting <= per_partition / 2 && !self.global_full {
                 p.paused = false;
                 let _ = resume.add_partition(&tp.topic, tp.partition);
+            }
+        }
+        if store.count() > 0 {
+            if let Err(e) = self.consumer.store_offsets(&store) {
+                tracing::warn!(connection = %self.name, error = %e, "cannot store offsets");
             }
         }
         if pause.count() > 0 {
@@ -420,6 +448,72 @@ impl ConnectionSupervisor {
         }
         if pause.count() > 0 || resume.count() > 0 {
             self.report_partitions();
+        }
+    }
+
+    /// Starts the messages of `tp` that ordering and the trigger's permits allow. Returns
+    /// true when a message could have started but no permit was free.
+    fn start_ready(&mut self, tp: &TopicPartition) -> bool {
+        let Some(p) = self.partitions.get_mut(tp) else {
+            return false;
+        };
+        loop {
+            if p.queue.waiting() == 0 {
+                return false;
+            }
+            let Ok(permit) = Arc::clone(&p.trigger.permits).try_acquire_owned() else {
+                return true;
+            };
+            let Some((key, msg)) = p.queue.pop_startable() else {
+                return false;
+            };
+            let bytes = msg_bytes(&msg);
+            p.buffered_bytes -= bytes;
+            self.buffered_bytes -= bytes;
+            let completion = Completion {
+                tp: tp.clone(),
+                generation: p.generation,
+                offset: msg.offset(),
+                key,
+                outcome: WorkOutcome::Abandoned,
+            };
+            let trigger = Arc::clone(&p.trigger);
+            let drain = p.drain.clone();
+            let cancel = p.cancel.clone();
+            let done = self.completions_tx.clone();
+            let yielded = {
+                let tx = self.completions_tx.clone();
+                let trigger = Arc::clone(&trigger);
+                move || {
+                    let _ = tx.send(WorkerEvent::Yielded(Arc::clone(&trigger)));
+                }
+            };
+            metrics::in_flight(&self.name, 1.0);
+            let _ = self.tasks.spawn(async move {
+                let outcome =
+                    worker::process(trigger, msg, Some(permit), drain, cancel, yielded).await;
+                let _ = done.send(WorkerEvent::Finished(Completion {
+                    outcome,
+                    ..completion
+                }));
+            });
+        }
+    }
+
+    /// Sends the stored commits asynchronously, at most every [`COMMIT_INTERVAL`], so the
+    /// group's committed offsets follow acceptance closely without a synchronous commit per
+    /// message. librdkafka's auto-commit of stored offsets is the backstop.
+    fn send_commits(&mut self) {
+        if self.unsent.is_empty() || self.last_commit.elapsed() < COMMIT_INTERVAL {
+            return;
+        }
+        self.last_commit = Instant::now();
+        let mut tpl = TopicPartitionList::new();
+        for (tp, (offset, metadata)) in self.unsent.drain() {
+            add_commit(&mut tpl, &tp, offset, &metadata);
+        }
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+            tracing::debug!(connection = %self.name, error = %e, "cannot send commit; the next one covers it");
         }
     }
 
@@ -454,6 +548,11 @@ impl ConnectionSupervisor {
         for tp in &r.partitions {
             if let Some(p) = self.partitions.remove(tp) {
                 p.cancel.cancel();
+            }
+            let _ = self.unsent.remove(tp);
+            let _ = self.dirty.remove(tp);
+            for starved in self.starved.values_mut() {
+                let _ = starved.remove(tp);
             }
         }
         self.report_partitions();
@@ -511,7 +610,7 @@ impl ConnectionSupervisor {
                 break;
             }
             tokio::select! {
-                Some(c) = self.completions.recv() => self.on_completion(c),
+                Some(e) = self.completions.recv() => self.on_worker_event(e),
                 _ = tokio::time::sleep_until(deadline) => {
                     tracing::warn!(connection = %self.name, in_flight, "drain deadline passed; unfinished runs will be dispatched again");
                     break;

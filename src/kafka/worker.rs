@@ -63,6 +63,7 @@ pub async fn process(
     mut permit: Option<OwnedSemaphorePermit>,
     drain: CancellationToken,
     cancel: CancellationToken,
+    yielded: impl Fn(),
 ) -> WorkOutcome {
     let id = event::idempotency_key(&trigger.group, msg.topic(), msg.partition(), msg.offset());
     let headers = event::headers_of(&msg);
@@ -79,7 +80,9 @@ pub async fn process(
             Attempt::Retry { retry_after } => retry_after,
         };
         // Give the permit back while waiting so that other keys keep their concurrency.
-        drop(permit.take());
+        if permit.take().is_some() {
+            yielded();
+        }
         let delay = trigger
             .backoff
             .delay(attempt, retry_after, rand::random::<f64>());

@@ -5,7 +5,11 @@ use std::process::Command;
 use crate::support::{binary, repo};
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 #[tokio::test]
@@ -23,7 +27,18 @@ async fn demo_script_shows_runs_starting() {
     .await
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "scripts/demo failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("run accepted workflow=process-order")).count(), 12, "{stdout}");
+    assert!(
+        out.status.success(),
+        "scripts/demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("run accepted workflow=process-order"))
+            .count(),
+        12,
+        "{stdout}"
+    );
     assert!(stdout.contains("OK: 12 orders started 12 runs"));
 }

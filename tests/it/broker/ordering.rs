@@ -1,0 +1,303 @@
+//! Ordering and scale: per-key order with parallel keys, parallelism within one partition,
+//! no head-of-line blocking, rebalances and crashes without loss or repeats.
+
+use std::collections::{BTreeMap, HashSet};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tessel_kafka::dev_dispatcher::{AcceptedRun, DevDispatcher, Faults};
+
+use super::{
+    committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
+    Connector,
+};
+use crate::support::{binary, stack, temp_config, unique, wait_for};
+
+async fn produce_keyed(topic: &str, from: usize, to: usize, keys: usize) {
+    let records: Vec<Value> = (from..to)
+        .map(|i| json!({"key": format!("k{}", i % keys), "value": {"i": i}}))
+        .collect();
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"}, "value": {"format": "json"},
+        "kafka": {"linger.ms": 20, "batch.num.messages": 10000},
+        "steps": [{"txn": null, "records": records}]
+    }))
+    .await;
+}
+
+/// Per key, the values `i` in acceptance order; asserts they increase.
+fn assert_per_key_order(runs: &[AcceptedRun]) {
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for r in runs {
+        let key = r.event["key"].as_str().unwrap().to_owned();
+        let i = r.event["value"]["i"].as_i64().unwrap();
+        if let Some(prev) = last.insert(key.clone(), i) {
+            assert!(prev < i, "key {key}: {i} accepted after {prev}");
+        }
+    }
+}
+
+fn assert_all_once(d: &DevDispatcher, n: usize) {
+    assert_eq!(
+        d.repeats(),
+        0,
+        "offered again after acceptance: {:?}",
+        d.repeated_keys()
+    );
+    let mut seen: Vec<i64> = d
+        .runs()
+        .iter()
+        .map(|r| r.event["value"]["i"].as_i64().unwrap())
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..n as i64).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn same_key_in_order_other_keys_in_parallel_within_the_limit() {
+    let topic = unique("order");
+    create_topic(&topic, 4).await;
+    produce_keyed(&topic, 0, 10_000, 200).await;
+    let d = dispatcher(Faults {
+        latency_ms: (0, 20),
+        ..Faults::default()
+    })
+    .await;
+    let group = unique("order-group");
+    let connector = Connector::start(&connection_toml(
+        &group,
+        &topic,
+        &d.url(),
+        "concurrency = 64",
+    ));
+    wait_for("10,000 runs", Duration::from_secs(240), || {
+        (d.accepted() >= 10_000).then_some(())
+    })
+    .await;
+    let hwm = high_watermarks(&topic, 4);
+    wait_for("commits at the end", Duration::from_secs(30), || {
+        (committed(&group, &topic, 4) == hwm).then_some(())
+    })
+    .await;
+    connector.stop().await;
+    assert!(
+        d.max_in_flight() <= 64,
+        "in flight reached {}",
+        d.max_in_flight()
+    );
+    assert!(
+        d.max_in_flight() > 32,
+        "keys should run in parallel; in flight peaked at {}",
+        d.max_in_flight()
+    );
+    assert_per_key_order(&d.runs());
+    assert_all_once(&d, 10_000);
+}
+
+#[tokio::test]
+async fn one_partition_runs_keys_in_parallel_at_80_percent_of_the_ideal_rate() {
+    let topic = unique("throughput");
+    create_topic(&topic, 1).await;
+    produce_keyed(&topic, 0, 3000, 100).await;
+    let d = dispatcher(Faults {
+        latency_ms: (50, 50),
+        ..Faults::default()
+    })
+    .await;
+    let group = unique("throughput-group");
+    let connector = Connector::start(&connection_toml(
+        &group,
+        &topic,
+        &d.url(),
+        "concurrency = 50",
+    ));
+    wait_for("3000 runs", Duration::from_secs(120), || {
+        (d.accepted() >= 3000).then_some(())
+    })
+    .await;
+    connector.stop().await;
+    let runs = d.runs();
+    // Measure the steady state: from the 200th acceptance to the last.
+    let span = runs[2999].accepted_at - runs[199].accepted_at;
+    let rate = 2800.0 / span.as_secs_f64();
+    eprintln!("throughput within one partition: {rate:.0} runs/s (ideal 1000)");
+    assert!(rate >= 800.0, "{rate:.0} runs/s is below 80% of 1000/s");
+    assert_per_key_order(&runs);
+}
+
+#[tokio::test]
+async fn a_failing_key_does_not_block_the_other_keys_of_its_partition() {
+    let topic = unique("hol");
+    create_topic(&topic, 1).await;
+    produce_keyed(&topic, 0, 100, 10).await;
+    let group = unique("hol-group");
+    let stuck = format!("kafka:{group}:{topic}:0:3");
+    let d = dispatcher(Faults {
+        fail_keys: HashSet::from([stuck.clone()]),
+        fail_status: 500,
+        ..Faults::default()
+    })
+    .await;
+    let connector = Connector::start(&connection_toml(
+        &group,
+        &topic,
+        &d.url(),
+        "concurrency = 8",
+    ));
+    // Key k3 holds offsets 3, 13, ..., 93: all wait behind the failing one; the 90 others run.
+    wait_for("90 runs", Duration::from_secs(60), || {
+        (d.accepted() == 90).then_some(())
+    })
+    .await;
+    wait_for("commit held at 3", Duration::from_secs(30), || {
+        (committed(&group, &topic, 1) == [3]).then_some(())
+    })
+    .await;
+    assert!(d
+        .runs()
+        .iter()
+        .all(|r| r.event["key"] != "k3" || r.event["offset"].as_i64() < Some(3)));
+    d.faults(|f| f.fail_keys.clear());
+    wait_for("all 100 runs", Duration::from_secs(60), || {
+        (d.accepted() == 100).then_some(())
+    })
+    .await;
+    wait_for("commit at the end", Duration::from_secs(30), || {
+        (committed(&group, &topic, 1) == [100]).then_some(())
+    })
+    .await;
+    connector.stop().await;
+    assert_per_key_order(&d.runs());
+    assert_all_once(&d, 100);
+}
+
+async fn rebalance_hands_over(protocol: &str) {
+    let topic = unique("rebalance");
+    create_topic(&topic, 6).await;
+    let d = dispatcher(Faults {
+        latency_ms: (1, 10),
+        ..Faults::default()
+    })
+    .await;
+    let group = unique("rebalance-group");
+    let extra_kafka = if protocol == "consumer" {
+        "\"group.protocol\" = \"consumer\"\n"
+    } else {
+        ""
+    };
+    let toml = connection_toml(&group, &topic, &d.url(), "concurrency = 16").replace(
+        "\"auto.offset.reset\" = \"earliest\"\n",
+        &format!("\"auto.offset.reset\" = \"earliest\"\n{extra_kafka}"),
+    );
+    let a = Connector::start(&toml);
+    produce_keyed(&topic, 0, 600, 50).await;
+    wait_for("A running", Duration::from_secs(60), || {
+        (d.accepted() >= 300).then_some(())
+    })
+    .await;
+    let b = Connector::start(&toml);
+    produce_keyed(&topic, 600, 1200, 50).await;
+    wait_for("A and B running", Duration::from_secs(60), || {
+        (d.accepted() >= 900).then_some(())
+    })
+    .await;
+    produce_keyed(&topic, 1200, 1800, 50).await;
+    a.stop().await;
+    produce_keyed(&topic, 1800, 2400, 50).await;
+    wait_for("2400 runs", Duration::from_secs(120), || {
+        (d.accepted() >= 2400).then_some(())
+    })
+    .await;
+    let hwm = high_watermarks(&topic, 6);
+    wait_for("commits at the end", Duration::from_secs(30), || {
+        (committed(&group, &topic, 6) == hwm).then_some(())
+    })
+    .await;
+    b.stop().await;
+    assert_per_key_order(&d.runs());
+    assert_all_once(&d, 2400);
+}
+
+#[tokio::test]
+async fn rebalance_with_cooperative_sticky_loses_and_repeats_nothing() {
+    rebalance_hands_over("classic").await;
+}
+
+#[tokio::test]
+async fn rebalance_with_the_kip_848_protocol_loses_and_repeats_nothing() {
+    if stack().kafka_version.starts_with("3.") {
+        eprintln!(
+            "KIP-848 needs Kafka 4.x; this run is against {}",
+            stack().kafka_version
+        );
+        return;
+    }
+    rebalance_hands_over("consumer").await;
+}
+
+#[tokio::test]
+async fn sigkill_loses_nothing_and_repeats_at_most_the_runs_in_flight() {
+    let topic = unique("sigkill");
+    create_topic(&topic, 4).await;
+    produce_keyed(&topic, 0, 3000, 100).await;
+    let d = dispatcher(Faults {
+        latency_ms: (20, 60),
+        ..Faults::default()
+    })
+    .await;
+    let group = unique("sigkill-group");
+    // A short session timeout lets the restarted daemon get the killed one's partitions soon.
+    let toml = connection_toml(&group, &topic, &d.url(), "concurrency = 32").replace(
+        "\"auto.offset.reset\" = \"earliest\"\n",
+        "\"auto.offset.reset\" = \"earliest\"\n\"session.timeout.ms\" = \"6000\"\n",
+    );
+    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
+    let spawn = || {
+        Command::new(binary())
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start tessel-kafka")
+    };
+    let mut daemon = spawn();
+    wait_for("500 runs", Duration::from_secs(90), || {
+        (d.accepted() >= 500).then_some(())
+    })
+    .await;
+    let in_flight = d.in_flight();
+    daemon.kill().expect("SIGKILL");
+    let _ = daemon.wait();
+    let accepted_at_kill = d.accepted();
+    assert!(accepted_at_kill < 3000);
+    let mut daemon = spawn();
+    wait_for("3000 runs", Duration::from_secs(120), || {
+        (d.accepted() >= 3000).then_some(())
+    })
+    .await;
+    let hwm = high_watermarks(&topic, 4);
+    wait_for("commits at the end", Duration::from_secs(30), || {
+        (committed(&group, &topic, 4) == hwm).then_some(())
+    })
+    .await;
+    daemon.kill().expect("kill");
+    let _ = daemon.wait();
+    eprintln!(
+        "SIGKILL: {in_flight} runs in flight at the kill, {} offered again",
+        d.repeats()
+    );
+    assert!(
+        d.repeats() as usize <= in_flight,
+        "offered again: {}, more than the {in_flight} in flight at the kill",
+        d.repeats()
+    );
+    let mut seen: Vec<i64> = d
+        .runs()
+        .iter()
+        .map(|r| r.event["value"]["i"].as_i64().unwrap())
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..3000).collect::<Vec<_>>(), "nothing lost");
+}
