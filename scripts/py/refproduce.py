@@ -123,6 +123,26 @@ def main():
         if err is not None:
             raise SystemExit(f"delivery failed: {err}")
 
+    if "generate" in spec:
+        # Bulk mode for load tests: N records over K keys, spread over the topic's partitions
+        # by key, each value a JSON object padded to about value_bytes.
+        g = spec["generate"]
+        pad = "x" * max(0, g.get("value_bytes", 100) - 20)
+        for i in range(g["count"]):
+            while True:
+                try:
+                    plain.produce(topic, key=f"k{i % g['keys']}".encode(), value=f'{{"i":{i},"p":"{pad}"}}'.encode())
+                    break
+                except BufferError:
+                    plain.poll(0.05)
+            if i % 10000 == 0:
+                plain.poll(0)
+        remaining = plain.flush(120)
+        if remaining:
+            raise SystemExit(f"{remaining} records not delivered")
+        json.dump({"records": [], "generated": g["count"]}, sys.stdout)
+        return
+
     for step in spec["steps"]:
         txn = step.get("txn")
         p = plain

@@ -184,10 +184,11 @@ def check_registry():
     from confluent_kafka.serialization import MessageField, SerializationContext
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-    sr = SchemaRegistryClient({"url": E["TESSEL_IT_REGISTRY_URL"]})
+    # "timeout": the client's default is none at all (a lost response would hang the check forever)
+    sr = SchemaRegistryClient({"url": E["TESSEL_IT_REGISTRY_URL"], "timeout": 20})
 
     def fresh():  # a client with an empty cache, as a consumer in another process would have
-        return SchemaRegistryClient({"url": E["TESSEL_IT_REGISTRY_URL"]})
+        return SchemaRegistryClient({"url": E["TESSEL_IT_REGISTRY_URL"], "timeout": 20})
 
     topic_conf = {"subject.name.strategy": topic_subject_name_strategy}
 

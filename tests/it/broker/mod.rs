@@ -1,6 +1,7 @@
 //! Tests against the real broker and registry (feature `kafka-integration-tests`).
 
 mod demo;
+mod measured;
 mod ordering;
 mod pipeline;
 mod restart;

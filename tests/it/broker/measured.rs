@@ -1,0 +1,112 @@
+//! Measured behaviour: figures that need the machine to themselves. `scripts/test` runs this
+//! module after the rest of the suite, one test at a time, so other tests' load does not
+//! distort them.
+//!
+//! - Memory stays bounded under a backlog: partitions are paused rather than buffered.
+//! - Keys of one partition run in parallel at close to the ideal rate.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tessel_kafka::dev_dispatcher::Faults;
+
+use super::ordering::{assert_per_key_order, produce_keyed};
+use super::{connection_toml, create_topic, dispatcher, reference_produce, Connector};
+use crate::support::{binary, stack, temp_config, unique, wait_for, wait_for_async};
+
+/// Documented bound on the daemon's peak RSS with a 1,000,000-message backlog over 64
+/// partitions (default buffers: 1000 messages per partition, 64 MiB overall, 16 MiB of
+/// librdkafka prefetch).
+const PEAK_RSS_BOUND_KIB: u64 = 256 * 1024;
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn a_million_message_backlog_keeps_memory_bounded() {
+    let topic = unique("backlog");
+    create_topic(&topic, 64).await;
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "topic": topic,
+        "generate": {"count": 1_000_000, "keys": 5000, "value_bytes": 100},
+        "kafka": {"linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4"},
+        "steps": []
+    }))
+    .await;
+    let d = dispatcher(Faults { latency_ms: (200, 200), ..Faults::default() }).await;
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = temp_config(&format!(
+        "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n{}",
+        connection_toml(&unique("backlog-group"), &topic, &d.url(), "concurrency = 16")
+    ));
+    let mut daemon = Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start tessel-kafka");
+    let pid = daemon.id();
+    wait_for("runs starting", Duration::from_secs(60), || (d.accepted() >= 50).then_some(())).await;
+    // Every partition fills its buffer and is paused; memory must stay flat meanwhile.
+    let metrics_url = format!("http://127.0.0.1:{admin_port}/metrics");
+    let paused = wait_for_async("all 64 partitions paused", Duration::from_secs(60), || {
+        let url = metrics_url.clone();
+        async move {
+            let text = reqwest::get(&url).await.ok()?.text().await.ok()?;
+            let line = text.lines().find(|l| l.starts_with("tessel_kafka_paused_partitions"))?;
+            let n: f64 = line.rsplit(' ').next()?.parse().ok()?;
+            (n >= 64.0).then_some(n)
+        }
+    })
+    .await;
+    let observe_until = Instant::now() + Duration::from_secs(10);
+    let mut peak_rss = 0;
+    while Instant::now() < observe_until {
+        peak_rss = peak_rss.max(status_kib(pid, "VmRSS:").unwrap_or(0));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let hwm = status_kib(pid, "VmHWM:").expect("VmHWM");
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+    eprintln!("backlog of 1,000,000 over 64 partitions: {paused} paused, peak RSS {} MiB (VmHWM {} MiB)", peak_rss / 1024, hwm / 1024);
+    assert!(hwm < PEAK_RSS_BOUND_KIB, "peak RSS {} MiB exceeds the documented 256 MiB", hwm / 1024);
+}
+
+#[tokio::test]
+async fn one_partition_runs_keys_in_parallel_at_80_percent_of_the_ideal_rate() {
+    let topic = unique("throughput");
+    create_topic(&topic, 1).await;
+    produce_keyed(&topic, 0, 3000, 100).await;
+    let d = dispatcher(Faults {
+        latency_ms: (50, 50),
+        ..Faults::default()
+    })
+    .await;
+    let group = unique("throughput-group");
+    let connector = Connector::start(&connection_toml(
+        &group,
+        &topic,
+        &d.url(),
+        "concurrency = 50",
+    ));
+    wait_for("3000 runs", Duration::from_secs(120), || {
+        (d.accepted() >= 3000).then_some(())
+    })
+    .await;
+    connector.stop().await;
+    let runs = d.runs();
+    // Measure the steady state: from the 200th acceptance to the last.
+    let span = runs[2999].accepted_at - runs[199].accepted_at;
+    let rate = 2800.0 / span.as_secs_f64();
+    eprintln!("throughput within one partition: {rate:.0} runs/s (ideal 1000)");
+    assert!(rate >= 800.0, "{rate:.0} runs/s is below 80% of 1000/s");
+    assert_per_key_order(&runs);
+}
+
