@@ -35,7 +35,7 @@ impl App {
             let names = self.config.connections.keys().cloned().collect();
             let addr = self.config.server.listen;
             let token = shutdown.clone();
-            let _ = tracker.spawn(async move {
+            tracker.spawn(async move {
                 if let Err(e) = crate::admin::serve(addr, metrics, names, token).await {
                     tracing::error!(%addr, error = %e, "admin server failed");
                 }

@@ -104,7 +104,7 @@ impl DevDispatcher {
         let app = Router::new()
             .fallback(handle)
             .with_state(Arc::clone(&state));
-        let _ = tokio::spawn(async move {
+        tokio::spawn(async move {
             let _ = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await;

@@ -9,7 +9,7 @@ pub const FORCED_EXIT_CODE: i32 = 130;
 
 /// Cancels `token` on the first signal and exits the process on the second.
 pub fn spawn_signal_handler(token: CancellationToken) {
-    let _ = tokio::spawn(async move {
+    tokio::spawn(async move {
         let (Ok(mut term), Ok(mut int)) = (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),

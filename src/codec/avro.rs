@@ -26,11 +26,9 @@ impl<'a> Names<'a> {
 
 fn walk<'a>(schema: &'a Schema, names: &mut HashMap<Name, &'a Schema>) {
     match schema {
-        Schema::Record(r) => {
-            if names.insert(r.name.clone(), schema).is_none() {
-                for f in &r.fields {
-                    walk(&f.schema, names);
-                }
+        Schema::Record(r) if names.insert(r.name.clone(), schema).is_none() => {
+            for f in &r.fields {
+                walk(&f.schema, names);
             }
         }
         Schema::Enum(e) => {

@@ -263,6 +263,11 @@ fn decode_bytes(bytes: &[u8]) -> Decoded {
     }
 }
 
+/// Milliseconds since the epoch as RFC 3339 UTC with millisecond precision.
+pub fn rfc3339_millis(ms: i64) -> String {
+    time::timestamp(ms, 1_000, true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,9 +333,4 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.disposition(), Disposition::Reject);
     }
-}
-
-/// Milliseconds since the epoch as RFC 3339 UTC with millisecond precision.
-pub fn rfc3339_millis(ms: i64) -> String {
-    time::timestamp(ms, 1_000, true)
 }

@@ -37,7 +37,7 @@ pub struct Frame<'a> {
 
 /// True when `bytes` start like a Confluent frame (used by the `auto` format).
 pub fn looks_framed(bytes: &[u8]) -> bool {
-    matches!(parse_frame(bytes), Ok(_))
+    parse_frame(bytes).is_ok()
 }
 
 /// Parses the 5-byte header.

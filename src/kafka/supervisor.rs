@@ -489,7 +489,7 @@ impl ConnectionSupervisor {
                 }
             };
             metrics::in_flight(&self.name, 1.0);
-            let _ = self.tasks.spawn(async move {
+            self.tasks.spawn(async move {
                 let outcome =
                     worker::process(trigger, msg, Some(permit), drain, cancel, yielded).await;
                 let _ = done.send(WorkerEvent::Finished(Completion {

@@ -39,11 +39,24 @@ async fn a_million_message_backlog_keeps_memory_bounded() {
         "steps": []
     }))
     .await;
-    let d = dispatcher(Faults { latency_ms: (200, 200), ..Faults::default() }).await;
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let d = dispatcher(Faults {
+        latency_ms: (200, 200),
+        ..Faults::default()
+    })
+    .await;
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let config = temp_config(&format!(
         "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n{}",
-        connection_toml(&unique("backlog-group"), &topic, &d.url(), "concurrency = 16")
+        connection_toml(
+            &unique("backlog-group"),
+            &topic,
+            &d.url(),
+            "concurrency = 16"
+        )
     ));
     let mut daemon = Command::new(binary())
         .args(["run", "--config"])
@@ -53,14 +66,19 @@ async fn a_million_message_backlog_keeps_memory_bounded() {
         .spawn()
         .expect("start tessel-kafka");
     let pid = daemon.id();
-    wait_for("runs starting", Duration::from_secs(60), || (d.accepted() >= 50).then_some(())).await;
+    wait_for("runs starting", Duration::from_secs(60), || {
+        (d.accepted() >= 50).then_some(())
+    })
+    .await;
     // Every partition fills its buffer and is paused; memory must stay flat meanwhile.
     let metrics_url = format!("http://127.0.0.1:{admin_port}/metrics");
     let paused = wait_for_async("all 64 partitions paused", Duration::from_secs(60), || {
         let url = metrics_url.clone();
         async move {
             let text = reqwest::get(&url).await.ok()?.text().await.ok()?;
-            let line = text.lines().find(|l| l.starts_with("tessel_kafka_paused_partitions"))?;
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("tessel_kafka_paused_partitions"))?;
             let n: f64 = line.rsplit(' ').next()?.parse().ok()?;
             (n >= 64.0).then_some(n)
         }
@@ -75,8 +93,16 @@ async fn a_million_message_backlog_keeps_memory_bounded() {
     let hwm = status_kib(pid, "VmHWM:").expect("VmHWM");
     daemon.kill().unwrap();
     let _ = daemon.wait();
-    eprintln!("backlog of 1,000,000 over 64 partitions: {paused} paused, peak RSS {} MiB (VmHWM {} MiB)", peak_rss / 1024, hwm / 1024);
-    assert!(hwm < PEAK_RSS_BOUND_KIB, "peak RSS {} MiB exceeds the documented 256 MiB", hwm / 1024);
+    eprintln!(
+        "backlog of 1,000,000 over 64 partitions: {paused} paused, peak RSS {} MiB (VmHWM {} MiB)",
+        peak_rss / 1024,
+        hwm / 1024
+    );
+    assert!(
+        hwm < PEAK_RSS_BOUND_KIB,
+        "peak RSS {} MiB exceeds the documented 256 MiB",
+        hwm / 1024
+    );
 }
 
 #[tokio::test]
@@ -109,4 +135,3 @@ async fn one_partition_runs_keys_in_parallel_at_80_percent_of_the_ideal_rate() {
     assert!(rate >= 800.0, "{rate:.0} runs/s is below 80% of 1000/s");
     assert_per_key_order(&runs);
 }
-
