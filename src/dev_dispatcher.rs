@@ -24,12 +24,15 @@ pub struct Faults {
     pub fail_ratio: f64,
     /// Status of injected failures.
     pub fail_status: u16,
-    /// Retry-After (seconds) sent with injected failures.
+    /// Retry-After (seconds) sent with injected 429 and 503 answers.
     pub retry_after_secs: Option<u64>,
     /// Idempotency keys that always fail with `fail_status`.
     pub fail_keys: HashSet<String>,
     /// When set, every request fails with this status.
     pub fail_all: Option<u16>,
+    /// Per idempotency key, the statuses to answer its first attempts with, in order (then
+    /// it is accepted).
+    pub scripted: HashMap<String, Vec<u16>>,
 }
 
 impl Default for Faults {
@@ -41,6 +44,7 @@ impl Default for Faults {
             retry_after_secs: None,
             fail_keys: HashSet::new(),
             fail_all: None,
+            scripted: HashMap::new(),
         }
     }
 }
@@ -65,6 +69,7 @@ struct Inner {
     runs: Vec<AcceptedRun>,
     accepted_keys: HashMap<String, usize>,
     repeated_keys: Vec<String>,
+    attempts: HashMap<String, Vec<(std::time::Instant, u16)>>,
 }
 
 /// Shared state of a running dev dispatcher.
@@ -152,6 +157,12 @@ impl DevDispatcher {
         self.state.repeats.load(Ordering::SeqCst)
     }
 
+    /// Every request for `key`: when it arrived and the status answered.
+    pub fn attempts_for(&self, key: &str) -> Vec<(std::time::Instant, u16)> {
+        let inner = self.state.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.attempts.get(key).cloned().unwrap_or_default()
+    }
+
     /// Idempotency keys offered again after acceptance, in arrival order.
     pub fn repeated_keys(&self) -> Vec<String> {
         self.state
@@ -179,11 +190,20 @@ impl DevDispatcher {
 }
 
 async fn handle(State(state): State<Arc<DevState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let arrived = std::time::Instant::now();
     let _ = state.attempts.fetch_add(1, Ordering::SeqCst);
     let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     let _ = state.max_in_flight.fetch_max(now, Ordering::SeqCst);
     let response = respond(&state, &headers, &body).await;
     let _ = state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+        let mut inner = state.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .attempts
+            .entry(key.to_owned())
+            .or_default()
+            .push((arrived, response.status().as_u16()));
+    }
     response
 }
 
@@ -211,14 +231,19 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
     let Some(key) = header("idempotency-key") else {
         return (StatusCode::BAD_REQUEST, "missing Idempotency-Key").into_response();
     };
-    let fail = faults.fail_all.or_else(|| {
+    let scripted = faults.scripted.get(&key).and_then(|script| {
+        let inner = state.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = inner.attempts.get(&key).map_or(0, Vec::len);
+        script.get(seen).copied()
+    });
+    let fail = faults.fail_all.or(scripted).or_else(|| {
         let random = faults.fail_ratio > 0.0 && rand::random::<f64>() < faults.fail_ratio;
         (random || faults.fail_keys.contains(&key)).then_some(faults.fail_status)
     });
     if let Some(status) = fail {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
         let mut resp = (status, "injected failure").into_response();
-        if let Some(s) = faults.retry_after_secs {
+        if let (Some(s), 429 | 503) = (faults.retry_after_secs, status.as_u16()) {
             let _ = resp.headers_mut().insert("retry-after", s.into());
         }
         return resp;

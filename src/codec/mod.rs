@@ -111,6 +111,16 @@ impl DecodeError {
         }
     }
 
+    /// The schema id the error is about, when there is one.
+    pub fn schema_id(&self) -> Option<u32> {
+        match self {
+            Self::Registry(
+                RegistryError::SchemaNotFound { id } | RegistryError::Invalid { id, .. },
+            ) => Some(*id),
+            _ => None,
+        }
+    }
+
     /// A stable class name for logs, headers and metric labels.
     pub fn class(&self) -> &'static str {
         match self {

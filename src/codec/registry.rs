@@ -1,18 +1,19 @@
 //! Schema Registry client (Confluent REST API) with a cache of compiled schemas by id.
 //!
 //! Schemas are immutable under their id, so a compiled schema is cached for the life of the
-//! process. Failures are never cached: a registry outage only delays decoding. One request per
-//! id is in flight at a time; concurrent decoders of the same id wait for it.
+//! process. Failures are never cached: a registry outage only delays decoding. One fetch per
+//! id is in flight at a time; concurrent decoders of the same id share its result, failure
+//! included, so an unresponsive registry costs each of them one timeout, not one each in turn.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
+use futures::future::{BoxFuture, FutureExt, Shared};
 use prost_reflect::{DescriptorPool, FileDescriptor};
 use serde::Deserialize;
 use thiserror::Error;
-use tokio::sync::OnceCell;
 
 use crate::config::RegistryConfig;
 
@@ -157,14 +158,23 @@ struct ErrorBody {
 /// Most references followed for one schema (guards against cycles).
 const MAX_REFERENCES: usize = 256;
 
-type Slot = Arc<OnceCell<Arc<ResolvedSchema>>>;
+type Fetch = Shared<BoxFuture<'static, Result<Arc<ResolvedSchema>, RegistryError>>>;
+
+enum Slot {
+    Ready(Arc<ResolvedSchema>),
+    Fetching(Fetch),
+}
 
 /// A Schema Registry client with a process-wide cache keyed by schema id.
 pub struct RegistryClient {
+    inner: Arc<Inner>,
+    cache: Mutex<HashMap<u32, Slot>>,
+}
+
+struct Inner {
     http: reqwest::Client,
     base: String,
     auth: Auth,
-    cache: Mutex<HashMap<u32, Slot>>,
 }
 
 enum Auth {
@@ -176,7 +186,7 @@ enum Auth {
 impl std::fmt::Debug for RegistryClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegistryClient")
-            .field("base", &self.base)
+            .field("base", &self.inner.base)
             .finish_non_exhaustive()
     }
 }
@@ -199,36 +209,62 @@ impl RegistryClient {
             _ => Auth::None,
         };
         Ok(Self {
-            http,
-            base: config.url.as_str().trim_end_matches('/').to_owned(),
-            auth,
+            inner: Arc::new(Inner {
+                http,
+                base: config.url.as_str().trim_end_matches('/').to_owned(),
+                auth,
+            }),
             cache: Mutex::new(HashMap::new()),
         })
     }
 
     /// The compiled schema for `id`, from the cache or the registry.
     pub async fn schema(&self, id: u32) -> Result<Arc<ResolvedSchema>, RegistryError> {
-        let slot = {
+        let fetch = {
             let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            Arc::clone(cache.entry(id).or_default())
+            match cache.get(&id) {
+                Some(Slot::Ready(hit)) => {
+                    crate::telemetry::metrics::registry_cache(true);
+                    return Ok(Arc::clone(hit));
+                }
+                Some(Slot::Fetching(f)) => f.clone(),
+                None => {
+                    crate::telemetry::metrics::registry_cache(false);
+                    let inner = Arc::clone(&self.inner);
+                    let f = async move { inner.fetch(id).await.map(Arc::new) }
+                        .boxed()
+                        .shared();
+                    let _ = cache.insert(id, Slot::Fetching(f.clone()));
+                    f
+                }
+            }
         };
-        if let Some(hit) = slot.get() {
-            crate::telemetry::metrics::registry_cache(true);
-            return Ok(Arc::clone(hit));
+        let result = fetch.await;
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(Slot::Fetching(_)) = cache.get(&id) {
+            match &result {
+                Ok(schema) => {
+                    let _ = cache.insert(id, Slot::Ready(Arc::clone(schema)));
+                }
+                // Never cache a failure: the next decoder asks the registry again.
+                Err(_) => {
+                    let _ = cache.remove(&id);
+                }
+            }
         }
-        crate::telemetry::metrics::registry_cache(false);
-        slot.get_or_try_init(|| async { self.fetch(id).await.map(Arc::new) })
-            .await
-            .map(Arc::clone)
+        result
     }
 
     /// Reachability probe for readiness: `GET /subjects`.
     pub async fn probe(&self) -> Result<(), RegistryError> {
-        self.get_json::<serde_json::Value>("/subjects", 0)
+        self.inner
+            .get_json::<serde_json::Value>("/subjects", 0)
             .await
             .map(|_| ())
     }
+}
 
+impl Inner {
     async fn fetch(&self, id: u32) -> Result<ResolvedSchema, RegistryError> {
         let root: SchemaResponse = self.get_json(&format!("/schemas/ids/{id}"), id).await?;
         let schema_type = match root.schema_type.as_deref().unwrap_or("AVRO") {

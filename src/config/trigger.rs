@@ -30,10 +30,16 @@ pub struct TriggerConfig {
     /// How values are decoded. Default `auto`.
     #[serde(default)]
     pub value_format: PayloadFormat,
-    /// What happens to a message that cannot be decoded or that the dispatcher rejects.
-    /// Default `block`.
+    /// What happens to a message that cannot be decoded, that the dispatcher rejects (400,
+    /// 404, 410, 422), or whose retry budget ran out: `block` (default: retry until it goes
+    /// through), `skip` (log and count, move on) or `dead_letter` (write it to
+    /// `dead_letter_topic`; handled once the broker acknowledged the write).
     #[serde(default)]
     pub on_error: ErrorPolicy,
+    /// The dead-letter topic, required with `on_error = "dead_letter"`. Written through the
+    /// connection's idempotent producer: the principal needs WRITE on it.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
     /// Backoff between attempts of one message.
     #[serde(default)]
     pub retry: RetryConfig,
@@ -96,6 +102,8 @@ pub enum ErrorPolicy {
     Block,
     /// Log and count, then treat the message as handled.
     Skip,
+    /// Write the message to the dead-letter topic, then treat it as handled.
+    DeadLetter,
 }
 
 /// Exponential backoff with full jitter.
@@ -108,6 +116,14 @@ pub struct RetryConfig {
     /// Largest delay. Default 30000.
     #[serde(default = "default_max_backoff_ms")]
     pub max_backoff_ms: u64,
+    /// Dispatch attempts for 5xx, timeouts and connection errors before `on_error` applies;
+    /// 0 (default) retries until the dispatcher recovers, so an outage never dead-letters.
+    #[serde(default)]
+    pub max_attempts: u32,
+    /// How long a schema id the registry does not know (40403) is retried before `on_error`
+    /// applies (a registry replica can lag behind a producer). Default 60000.
+    #[serde(default = "default_schema_not_found_ms")]
+    pub schema_not_found_ms: u64,
 }
 
 impl Default for RetryConfig {
@@ -115,10 +131,15 @@ impl Default for RetryConfig {
         Self {
             initial_backoff_ms: default_initial_backoff_ms(),
             max_backoff_ms: default_max_backoff_ms(),
+            max_attempts: 0,
+            schema_not_found_ms: default_schema_not_found_ms(),
         }
     }
 }
 
+fn default_schema_not_found_ms() -> u64 {
+    60_000
+}
 fn default_concurrency() -> usize {
     16
 }
@@ -153,6 +174,21 @@ impl TriggerConfig {
                 format!("{key}.retry"),
                 "initial_backoff_ms must be at least 1 and not above max_backoff_ms",
             ));
+        }
+        match (&self.on_error, &self.dead_letter_topic) {
+            (ErrorPolicy::DeadLetter, None) => {
+                return Err(ConfigError::invalid(
+                    format!("{key}.dead_letter_topic"),
+                    "is required with on_error = \"dead_letter\"",
+                ))
+            }
+            (_, Some(t)) if self.topics.contains(t) => {
+                return Err(ConfigError::invalid(
+                    format!("{key}.dead_letter_topic"),
+                    "must not be one of the trigger's own topics",
+                ))
+            }
+            _ => {}
         }
         if !matches!(self.dispatcher.url.scheme(), "http" | "https") {
             return Err(ConfigError::invalid(

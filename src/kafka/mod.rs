@@ -16,6 +16,7 @@
 pub mod context;
 pub mod offsets;
 mod poll_loop;
+pub mod producer;
 pub mod scheduler;
 pub mod supervisor;
 pub mod worker;

@@ -145,6 +145,22 @@ impl ConnectionSupervisor {
             None => None,
         };
         let decoder = Decoder::new(registry);
+        let needs_producer = config
+            .triggers
+            .values()
+            .any(|t| t.on_error == crate::config::ErrorPolicy::DeadLetter);
+        let producer = if needs_producer {
+            Some(
+                super::producer::IdempotentProducer::try_new(name, config).map_err(|source| {
+                    SupervisorError::Kafka {
+                        connection: name.to_owned(),
+                        source,
+                    }
+                })?,
+            )
+        } else {
+            None
+        };
         let mut triggers = HashMap::new();
         for (tname, t) in &config.triggers {
             let dispatcher = HttpDispatcher::try_new(&t.dispatcher)
@@ -161,6 +177,9 @@ impl ConnectionSupervisor {
                     Duration::from_millis(t.retry.max_backoff_ms),
                 ),
                 decoder: decoder.clone(),
+                producer: producer.clone(),
+                throttle_until: std::sync::Mutex::new(None),
+                stopped: std::sync::atomic::AtomicBool::new(false),
             });
             for topic in &t.topics {
                 let _ = triggers.insert(topic.clone(), Arc::clone(&runtime));
@@ -368,13 +387,8 @@ impl ConnectionSupervisor {
             return;
         };
         match c.outcome {
-            WorkOutcome::Accepted | WorkOutcome::Skipped => {
-                let label = if c.outcome == WorkOutcome::Accepted {
-                    "accepted"
-                } else {
-                    "skipped"
-                };
-                metrics::handled(&self.name, &p.trigger.name, label);
+            WorkOutcome::Accepted | WorkOutcome::Skipped | WorkOutcome::DeadLettered => {
+                metrics::handled(&self.name, &p.trigger.name, c.outcome.label());
                 p.tracker.handled(c.offset);
             }
             WorkOutcome::Abandoned => {}

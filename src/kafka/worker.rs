@@ -1,22 +1,42 @@
 //! One message's journey after it may start: decode key and value, render the event, dispatch,
-//! and retry with backoff until it is handled or its partition is taken away.
+//! and retry until it is handled (accepted, skipped or dead-lettered) or its partition is taken
+//! away.
+//!
+//! Outcomes, per the trigger's configuration:
+//! - dispatcher 2xx or 409: accepted;
+//! - 429 and 503: retried after the dispatcher's Retry-After, and the whole trigger waits that
+//!   long before its next dispatch;
+//! - other 5xx, timeouts, connection errors: retried with exponential backoff and jitter, up to
+//!   `retry.max_attempts` (0: until the dispatcher recovers), then `on_error`;
+//! - 400, 404, 410, 422 and other 4xx: rejected, `on_error` applies;
+//! - 401 and 403: a configuration error. The trigger is marked stopped, says why, and retries
+//!   every 30 s; such messages are never dead-lettered;
+//! - undecodable payloads: `on_error` at once; a schema id the registry does not know is
+//!   retried for `retry.schema_not_found_ms` first; registry outages are retried without
+//!   limit and never dead-lettered; registry 401/403 stops the trigger like the dispatcher's.
 //!
 //! While waiting to retry, the message gives its concurrency permit back, so a failing key
 //! only parks itself: other keys keep the trigger's full concurrency.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rdkafka::message::{Message, OwnedMessage};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::codec::{Decoded, Decoder, Disposition, Field};
+use super::producer::{ExtraHeader, IdempotentProducer};
+use crate::codec::{DecodeError, Decoded, Decoder, Disposition, Field};
 use crate::config::{ErrorPolicy, TriggerConfig};
 use crate::dispatch::retry::Backoff;
 use crate::dispatch::{DispatchOutcome, HttpDispatcher};
 use crate::event::{self, EventSource};
 use crate::telemetry::metrics;
+
+/// How long a trigger stopped by a configuration error waits between attempts.
+const STOPPED_RETRY: Duration = Duration::from_secs(30);
 
 /// Everything a trigger's messages need, shared by its workers.
 #[derive(Debug)]
@@ -37,6 +57,45 @@ pub struct TriggerRuntime {
     pub backoff: Backoff,
     /// The connection's decoder.
     pub decoder: Decoder,
+    /// The connection's idempotent producer, for dead-letter records.
+    pub producer: Option<IdempotentProducer>,
+    /// No dispatch of this trigger before this instant (the dispatcher's Retry-After).
+    pub throttle_until: Mutex<Option<Instant>>,
+    /// Set while a configuration error (401/403) keeps the trigger from dispatching.
+    pub stopped: AtomicBool,
+}
+
+impl TriggerRuntime {
+    fn throttle_deadline(&self) -> Option<Instant> {
+        *self
+            .throttle_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn throttle(&self, delay: Duration) {
+        let until = Instant::now() + delay;
+        let mut t = self
+            .throttle_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if t.is_none_or(|cur| cur < until) {
+            *t = Some(until);
+        }
+    }
+
+    fn stop(&self, reason: &str) {
+        if !self.stopped.swap(true, Ordering::SeqCst) {
+            tracing::error!(connection = %self.connection, trigger = %self.name, error = reason,
+                "trigger stopped by a configuration error; fix the credentials, messages wait and are not committed");
+        }
+    }
+
+    fn resume(&self) {
+        if self.stopped.swap(false, Ordering::SeqCst) {
+            tracing::info!(connection = %self.connection, trigger = %self.name, "trigger dispatching again");
+        }
+    }
 }
 
 /// How a started message ended.
@@ -46,17 +105,53 @@ pub enum WorkOutcome {
     Accepted,
     /// The error policy skipped it.
     Skipped,
-    /// Its partition was revoked or the daemon is stopping before it was accepted.
+    /// It was written to the dead-letter topic.
+    DeadLettered,
+    /// Its partition was revoked or the daemon is stopping before it was handled.
     Abandoned,
 }
 
-enum Attempt {
+impl WorkOutcome {
+    /// A bounded label for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Skipped => "skipped",
+            Self::DeadLettered => "dead_lettered",
+            Self::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// Why a message is handed to the error policy.
+#[derive(Debug, Clone)]
+struct Failure {
+    /// `KEY_DESERIALIZE`, `VALUE_DESERIALIZE` or `DISPATCH`.
+    stage: &'static str,
+    /// Stable error class.
+    class: &'static str,
+    /// Sanitised, one line.
+    message: String,
+    status: Option<u16>,
+    schema_id: Option<u32>,
+}
+
+enum Step {
     Done(WorkOutcome),
     Retry { retry_after: Option<Duration> },
+    Fail(Failure),
+}
+
+/// Per-message retry state.
+struct Attempts {
+    total: u32,
+    transient: u32,
+    first_schema_not_found: Option<Instant>,
 }
 
 /// Processes one message until it is handled. `drain` stops further attempts (revoke,
-/// shutdown) but lets an attempt in progress finish; `cancel` abandons even that.
+/// shutdown) but lets an attempt in progress finish; `cancel` abandons even that. `yielded` is
+/// called whenever the worker gives its permit back to wait.
 pub async fn process(
     trigger: Arc<TriggerRuntime>,
     msg: OwnedMessage,
@@ -67,17 +162,33 @@ pub async fn process(
 ) -> WorkOutcome {
     let id = event::idempotency_key(&trigger.group, msg.topic(), msg.partition(), msg.offset());
     let headers = event::headers_of(&msg);
-    let mut attempt: u32 = 0;
+    let mut attempts = Attempts {
+        total: 0,
+        transient: 0,
+        first_schema_not_found: None,
+    };
     loop {
-        attempt += 1;
-        let result = tokio::select! {
+        if let Some(until) = trigger.throttle_deadline().filter(|u| *u > Instant::now()) {
+            tokio::select! {
+                _ = drain.cancelled() => return WorkOutcome::Abandoned,
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+        attempts.total += 1;
+        let step = tokio::select! {
             biased;
             _ = cancel.cancelled() => return WorkOutcome::Abandoned,
-            r = attempt_once(&trigger, &msg, &id, &headers) => r,
+            s = attempt_once(&trigger, &msg, &id, &headers, &mut attempts) => s,
         };
-        let retry_after = match result {
-            Attempt::Done(outcome) => return outcome,
-            Attempt::Retry { retry_after } => retry_after,
+        let retry_after = match step {
+            Step::Done(outcome) => return outcome,
+            Step::Retry { retry_after } => retry_after,
+            Step::Fail(failure) => {
+                match apply_error_policy(&trigger, &msg, &id, &attempts, &failure).await {
+                    Some(outcome) => return outcome,
+                    None => None,
+                }
+            }
         };
         // Give the permit back while waiting so that other keys keep their concurrency.
         if permit.take().is_some() {
@@ -85,17 +196,26 @@ pub async fn process(
         }
         let delay = trigger
             .backoff
-            .delay(attempt, retry_after, rand::random::<f64>());
+            .delay(attempts.total, retry_after, rand::random::<f64>());
         tokio::select! {
             _ = drain.cancelled() => return WorkOutcome::Abandoned,
             _ = tokio::time::sleep(delay) => {}
         }
-        permit = tokio::select! {
-            _ = drain.cancelled() => return WorkOutcome::Abandoned,
-            p = Arc::clone(&trigger.permits).acquire_owned() => match p {
-                Ok(p) => Some(p),
-                Err(_) => return WorkOutcome::Abandoned,
-            },
+        // Retries do not queue for a permit: a queued waiter would take every permit that
+        // frees up ahead of the partition's fresh messages, and a key that keeps failing (or a
+        // schema the registry cannot serve) would starve the other keys. They try now and then.
+        permit = loop {
+            match Arc::clone(&trigger.permits).try_acquire_owned() {
+                Ok(p) => break Some(p),
+                Err(tokio::sync::TryAcquireError::Closed) => return WorkOutcome::Abandoned,
+                Err(tokio::sync::TryAcquireError::NoPermits) => {
+                    let pause = Duration::from_millis(10 + rand::random::<u64>() % 20);
+                    tokio::select! {
+                        _ = drain.cancelled() => return WorkOutcome::Abandoned,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
         };
     }
 }
@@ -105,22 +225,11 @@ async fn attempt_once(
     msg: &OwnedMessage,
     id: &str,
     headers: &[event::EventHeader],
-) -> Attempt {
+    attempts: &mut Attempts,
+) -> Step {
     let (key, value) = match decode(trigger, msg).await {
         Ok(kv) => kv,
-        Err((field, e)) => {
-            metrics::decode_error(&trigger.connection, &trigger.name, e.class());
-            let disposition = e.disposition();
-            tracing::warn!(
-                connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
-                partition = msg.partition(), offset = msg.offset(), field = ?field,
-                class = e.class(), error = %e, "cannot decode message"
-            );
-            return match disposition {
-                Disposition::Retry | Disposition::Fatal => Attempt::Retry { retry_after: None },
-                Disposition::Reject => apply_error_policy(trigger),
-            };
-        }
+        Err((field, e)) => return on_decode_error(trigger, msg, field, &e, attempts),
     };
     let source = EventSource {
         connection: &trigger.connection,
@@ -128,7 +237,7 @@ async fn attempt_once(
         workflow: &trigger.config.workflow,
     };
     let body = event::render(source, id, msg, headers, &key, &value);
-    let started = Instant::now();
+    let started = std::time::Instant::now();
     let outcome = trigger
         .dispatcher
         .dispatch(body, id, event::traceparent(headers))
@@ -139,57 +248,234 @@ async fn attempt_once(
         outcome.label(),
         started.elapsed().as_secs_f64(),
     );
+    let schema_id = value.schema.id;
     match outcome {
         DispatchOutcome::Accepted { .. } => {
+            trigger.resume();
             tracing::debug!(
                 connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
                 partition = msg.partition(), offset = msg.offset(), "run accepted"
             );
-            Attempt::Done(WorkOutcome::Accepted)
+            Step::Done(WorkOutcome::Accepted)
         }
         DispatchOutcome::Retryable {
             status,
             reason,
             retry_after,
         } => {
+            trigger.resume();
+            if let (Some(429 | 503), Some(ra)) = (status, retry_after) {
+                trigger.throttle(ra);
+            }
+            attempts.transient += 1;
             tracing::warn!(
                 connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
                 partition = msg.partition(), offset = msg.offset(), status = ?status,
-                error = %reason, "dispatch failed, will retry"
+                attempt = attempts.transient, error = %reason, "dispatch failed, will retry"
             );
-            Attempt::Retry { retry_after }
+            let budget = trigger.config.retry.max_attempts;
+            if budget > 0 && attempts.transient >= budget {
+                return Step::Fail(Failure {
+                    stage: "DISPATCH",
+                    class: "retries_exhausted",
+                    message: format!("{} attempts failed; last: {reason}", attempts.transient),
+                    status,
+                    schema_id,
+                });
+            }
+            Step::Retry { retry_after }
         }
         DispatchOutcome::Rejected { status, reason } => {
+            trigger.resume();
             tracing::warn!(
                 connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
                 partition = msg.partition(), offset = msg.offset(), status, error = %reason,
                 "dispatcher rejected the message"
             );
-            apply_error_policy(trigger)
+            Step::Fail(Failure {
+                stage: "DISPATCH",
+                class: "dispatch_rejected",
+                message: format!("dispatcher answered HTTP {status}: {reason}"),
+                status: Some(status),
+                schema_id,
+            })
         }
         DispatchOutcome::Unauthorized { status, reason } => {
-            tracing::error!(
-                connection = %trigger.connection, trigger = %trigger.name, status, error = %reason,
-                "dispatcher refused the trigger's credentials; check dispatcher.token"
-            );
-            Attempt::Retry {
-                retry_after: Some(Duration::from_secs(30)),
+            trigger.stop(&format!(
+                "dispatcher answered HTTP {status} (check dispatcher.token): {reason}"
+            ));
+            Step::Retry {
+                retry_after: Some(STOPPED_RETRY),
             }
         }
     }
 }
 
-fn apply_error_policy(trigger: &TriggerRuntime) -> Attempt {
-    match trigger.config.on_error {
-        ErrorPolicy::Skip => Attempt::Done(WorkOutcome::Skipped),
-        ErrorPolicy::Block => Attempt::Retry { retry_after: None },
+fn on_decode_error(
+    trigger: &TriggerRuntime,
+    msg: &OwnedMessage,
+    field: Field,
+    e: &DecodeError,
+    attempts: &mut Attempts,
+) -> Step {
+    metrics::decode_error(&trigger.connection, &trigger.name, e.class());
+    tracing::warn!(
+        connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+        partition = msg.partition(), offset = msg.offset(), field = ?field,
+        class = e.class(), error = %e, "cannot decode message"
+    );
+    let failure = || Failure {
+        stage: if field == Field::Key {
+            "KEY_DESERIALIZE"
+        } else {
+            "VALUE_DESERIALIZE"
+        },
+        class: e.class(),
+        message: e.to_string(),
+        status: None,
+        schema_id: e.schema_id(),
+    };
+    match e.disposition() {
+        Disposition::Reject => Step::Fail(failure()),
+        Disposition::Retry if e.class() == "schema_not_found" => {
+            let first = *attempts
+                .first_schema_not_found
+                .get_or_insert_with(Instant::now);
+            if first.elapsed() >= Duration::from_millis(trigger.config.retry.schema_not_found_ms) {
+                Step::Fail(failure())
+            } else {
+                Step::Retry { retry_after: None }
+            }
+        }
+        Disposition::Retry => Step::Retry { retry_after: None },
+        Disposition::Fatal => {
+            trigger.stop(&e.to_string());
+            Step::Retry {
+                retry_after: Some(STOPPED_RETRY),
+            }
+        }
     }
+}
+
+/// Applies `on_error`; None means "not handled, retry later".
+async fn apply_error_policy(
+    trigger: &TriggerRuntime,
+    msg: &OwnedMessage,
+    id: &str,
+    attempts: &Attempts,
+    failure: &Failure,
+) -> Option<WorkOutcome> {
+    match trigger.config.on_error {
+        ErrorPolicy::Block => None,
+        ErrorPolicy::Skip => {
+            tracing::warn!(
+                connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+                partition = msg.partition(), offset = msg.offset(), class = failure.class,
+                error = %failure.message, "message skipped by on_error = skip"
+            );
+            Some(WorkOutcome::Skipped)
+        }
+        ErrorPolicy::DeadLetter => {
+            let (Some(producer), Some(topic)) =
+                (&trigger.producer, &trigger.config.dead_letter_topic)
+            else {
+                return None;
+            };
+            let extra = dead_letter_headers(trigger, msg, id, attempts, failure);
+            match producer.write_copy(topic, msg, &extra).await {
+                Ok((partition, offset)) => {
+                    tracing::warn!(
+                        connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+                        partition = msg.partition(), offset = msg.offset(), class = failure.class,
+                        dead_letter_topic = %topic, dead_letter_partition = partition,
+                        dead_letter_offset = offset, error = %failure.message, "message dead-lettered"
+                    );
+                    Some(WorkOutcome::DeadLettered)
+                }
+                Err(e) => {
+                    tracing::error!(
+                        connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+                        partition = msg.partition(), offset = msg.offset(), dead_letter_topic = %topic,
+                        error = %e, "cannot write to the dead-letter topic; the offset is not committed and the write is retried"
+                    );
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// The Kafka Connect error headers (UTF-8 strings) plus the connector's own `tessel.*`.
+fn dead_letter_headers(
+    trigger: &TriggerRuntime,
+    msg: &OwnedMessage,
+    id: &str,
+    attempts: &Attempts,
+    failure: &Failure,
+) -> Vec<ExtraHeader> {
+    let message = sanitize(&failure.message);
+    let mut h: Vec<ExtraHeader> = vec![
+        ("__connect.errors.topic".into(), msg.topic().to_owned()),
+        (
+            "__connect.errors.partition".into(),
+            msg.partition().to_string(),
+        ),
+        ("__connect.errors.offset".into(), msg.offset().to_string()),
+        (
+            "__connect.errors.connector.name".into(),
+            format!("tessel-kafka/{}", trigger.connection),
+        ),
+        ("__connect.errors.stage".into(), failure.stage.to_owned()),
+        (
+            "__connect.errors.class.name".into(),
+            "tessel-kafka".to_owned(),
+        ),
+        (
+            "__connect.errors.exception.class.name".into(),
+            format!("tessel.{}", failure.class),
+        ),
+        ("__connect.errors.exception.message".into(), message),
+        ("tessel.trigger".into(), trigger.name.clone()),
+        ("tessel.consumer.group".into(), trigger.group.clone()),
+        ("tessel.stage".into(), failure.stage.to_owned()),
+        ("tessel.error.class".into(), failure.class.to_owned()),
+        ("tessel.attempts".into(), attempts.total.to_string()),
+        ("tessel.idempotency.key".into(), id.to_owned()),
+    ];
+    if let Some(s) = failure.status {
+        h.push(("tessel.http.status".into(), s.to_string()));
+    }
+    if let Some(sid) = failure.schema_id {
+        h.push(("tessel.schema.id".into(), sid.to_string()));
+    }
+    h
+}
+
+/// One line, bounded, with any `scheme://user:secret@` credentials removed.
+fn sanitize(message: &str) -> String {
+    let mut out: String = message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(500)
+        .collect();
+    while let Some(scheme) = out.find("://") {
+        let rest = &out[scheme + 3..];
+        let end = rest.find(['/', ' ', '"']).unwrap_or(rest.len());
+        match rest[..end].rfind('@') {
+            Some(at) => out.replace_range(scheme + 3..scheme + 3 + at + 1, "***@"),
+            None => break,
+        }
+        if out[scheme + 3..].starts_with("***@") {
+            break;
+        }
+    }
+    out
 }
 
 async fn decode(
     trigger: &TriggerRuntime,
     msg: &OwnedMessage,
-) -> Result<(Decoded, Decoded), (Field, crate::codec::DecodeError)> {
+) -> Result<(Decoded, Decoded), (Field, DecodeError)> {
     let cfg = &trigger.config;
     let key = trigger
         .decoder
@@ -202,4 +488,19 @@ async fn decode(
         .await
         .map_err(|e| (Field::Value, e))?;
     Ok((key, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sanitize;
+
+    #[test]
+    fn sanitize_removes_credentials_and_newlines() {
+        assert_eq!(
+            sanitize("GET https://u:p4ss@host/x failed\nnext"),
+            "GET https://***@host/x failed next"
+        );
+        assert_eq!(sanitize("plain"), "plain");
+        assert_eq!(sanitize(&"x".repeat(900)).len(), 500);
+    }
 }

@@ -4,6 +4,8 @@
 //!
 //! - Memory stays bounded under a backlog: partitions are paused rather than buffered.
 //! - Keys of one partition run in parallel at close to the ideal rate.
+//! - A registry outage (the registry process stopped for 30 s) dead-letters nothing; it also
+//!   stalls every other test that needs the registry, another reason to run alone.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,7 +14,10 @@ use serde_json::json;
 use tessel_kafka::dev_dispatcher::Faults;
 
 use super::ordering::{assert_per_key_order, produce_keyed};
-use super::{connection_toml, create_topic, dispatcher, reference_produce, Connector};
+use super::{
+    committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
+    Connector,
+};
 use crate::support::{binary, stack, temp_config, unique, wait_for, wait_for_async};
 
 /// Documented bound on the daemon's peak RSS with a 1,000,000-message backlog over 64
@@ -134,4 +139,148 @@ async fn one_partition_runs_keys_in_parallel_at_80_percent_of_the_ideal_rate() {
     eprintln!("throughput within one partition: {rate:.0} runs/s (ideal 1000)");
     assert!(rate >= 800.0, "{rate:.0} runs/s is below 80% of 1000/s");
     assert_per_key_order(&runs);
+}
+
+/// Sends SIGCONT to the registry when dropped, so a failing test never leaves it stopped.
+struct ResumeRegistry(String);
+
+impl Drop for ResumeRegistry {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+    }
+}
+
+#[allow(deprecated)]
+fn avro_frame(id: u32, schema: &apache_avro::Schema, value: apache_avro::types::Value) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend(apache_avro::to_avro_datum(schema, value).expect("encode"));
+    out
+}
+
+async fn register(subject: &str, schema: &str) -> u32 {
+    let v: serde_json::Value = reqwest::Client::new()
+        .post(format!(
+            "{}/subjects/{subject}/versions",
+            stack().registry_url
+        ))
+        .header("Content-Type", "application/vnd.schemaregistry.v1+json")
+        .json(&json!({ "schema": schema }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["id"].as_u64().expect("id") as u32
+}
+
+#[tokio::test]
+#[allow(deprecated)]
+async fn a_registry_outage_of_30_seconds_dead_letters_nothing_and_resumes() {
+    use base64::Engine as _;
+    let topic = unique("registry-outage");
+    let dlq = unique("registry-outage-dlq");
+    create_topic(&topic, 2).await;
+    create_topic(&dlq, 1).await;
+    let schema_a = r#"{"type":"record","name":"A","namespace":"outage","fields":[{"name":"i","type":"long"}]}"#;
+    let schema_b = r#"{"type":"record","name":"B","namespace":"outage","fields":[{"name":"i","type":"long"},{"name":"tag","type":"string"}]}"#;
+    let id_a = register(&format!("{topic}-value"), schema_a).await;
+    let id_b = register(&unique("outage-b-value"), schema_b).await;
+    let parsed_a = apache_avro::Schema::parse_str(schema_a).unwrap();
+    let parsed_b = apache_avro::Schema::parse_str(schema_b).unwrap();
+    let raw = |from: i64, to: i64, b: bool| -> Vec<serde_json::Value> {
+        use apache_avro::types::Value as V;
+        (from..to)
+            .map(|i| {
+                let bytes = if b {
+                    avro_frame(id_b, &parsed_b, V::Record(vec![("i".into(), V::Long(i)), ("tag".into(), V::String("b".into()))]))
+                } else {
+                    avro_frame(id_a, &parsed_a, V::Record(vec![("i".into(), V::Long(i))]))
+                };
+                json!({"key": format!("k{i}"), "raw_value_b64": base64::engine::general_purpose::STANDARD.encode(bytes)})
+            })
+            .collect()
+    };
+    let produce_raw = |records: Vec<serde_json::Value>| {
+        let topic = topic.clone();
+        async move {
+            let _ = reference_produce(json!({
+                "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"},
+                "steps": [{"txn": null, "records": records}]
+            }))
+            .await;
+        }
+    };
+    let d = dispatcher(Faults::default()).await;
+    let group = unique("registry-outage-group");
+    let toml = connection_toml(&group, &topic, &d.url(), &format!("on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\nvalue_format = \"schema_registry\"\n"))
+        .replace(&format!("url = \"{}\"\n", stack().registry_url), &format!("url = \"{}\"\ntimeout_ms = 2000\n", stack().registry_url));
+    let connector = Connector::start(&toml);
+    produce_raw(raw(0, 100, false)).await;
+    wait_for(
+        "schema A cached and 100 runs",
+        Duration::from_secs(60),
+        || (d.accepted() == 100).then_some(()),
+    )
+    .await;
+
+    let pid = std::fs::read_to_string(
+        std::env::var("TESSEL_IT_REGISTRY_PID").expect("registry pid file"),
+    )
+    .unwrap()
+    .trim()
+    .to_owned();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let stopped_at = Instant::now();
+    let resume = ResumeRegistry(pid);
+    produce_raw(
+        raw(100, 150, true)
+            .into_iter()
+            .chain(raw(150, 200, false))
+            .collect(),
+    )
+    .await;
+    // Cached schema A keeps flowing; schema B waits for the registry.
+    let deadline = Instant::now() + Duration::from_secs(25);
+    while d.accepted() < 150 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        d.accepted(),
+        150,
+        "schema A runs during the outage (attempts {})",
+        d.attempts()
+    );
+    if let Some(rest) = Duration::from_secs(30).checked_sub(stopped_at.elapsed()) {
+        tokio::time::sleep(rest).await; // the outage lasts 30 s: a scenario parameter, not a wait for a condition
+    }
+    assert_eq!(
+        d.accepted(),
+        150,
+        "schema B cannot be decoded without the registry"
+    );
+    drop(resume);
+    wait_for(
+        "every run after the registry returns",
+        Duration::from_secs(60),
+        || (d.accepted() == 200).then_some(()),
+    )
+    .await;
+    let hwm = high_watermarks(&topic, 2);
+    wait_for("commits at the end", Duration::from_secs(30), || {
+        (committed(&group, &topic, 2) == hwm).then_some(())
+    })
+    .await;
+    connector.stop().await;
+    assert_eq!(
+        high_watermarks(&dlq, 1),
+        vec![0],
+        "nothing dead-lettered because of the outage"
+    );
+    assert_eq!(d.repeats(), 0);
 }

@@ -1,6 +1,7 @@
 //! Tests against the real broker and registry (feature `kafka-integration-tests`).
 
 mod demo;
+mod failures;
 mod measured;
 mod ordering;
 mod pipeline;

@@ -1,0 +1,528 @@
+//! Failure handling: dispatcher statuses, dead-letter records, malformed floods, outages.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine as _;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use serde_json::{json, Value};
+use tessel_kafka::dev_dispatcher::Faults;
+
+use super::{
+    committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
+    Connector,
+};
+use crate::support::{binary, stack, temp_config, unique, wait_for};
+
+/// A record read back from a dead-letter topic.
+#[derive(Debug)]
+pub struct DeadLetter {
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Reads `count` records of `topic` from the beginning (read_committed), or panics.
+pub async fn read_topic(topic: &str, count: usize) -> Vec<DeadLetter> {
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &stack().bootstrap)
+            .set("group.id", unique("dlq-reader"))
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
+        consumer.subscribe(&[&topic]).expect("subscribe");
+        let mut out = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while out.len() < count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "read {} of {count} records of {topic}",
+                out.len()
+            );
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    let mut headers = BTreeMap::new();
+                    if let Some(h) = m.headers() {
+                        for x in h.iter() {
+                            let v = x
+                                .value
+                                .map(|v| String::from_utf8_lossy(v).into_owned())
+                                .unwrap_or_default();
+                            let _ = headers.insert(x.key.to_owned(), v);
+                        }
+                    }
+                    out.push(DeadLetter {
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec),
+                        headers,
+                    });
+                }
+                Some(Err(e)) => panic!("reading {topic}: {e}"),
+                None => {}
+            }
+        }
+        out
+    })
+    .await
+    .unwrap()
+}
+
+async fn produce_json(topic: &str, n: usize) {
+    let records: Vec<Value> = (0..n)
+        .map(|i| json!({"key": format!("k{i}"), "value": {"i": i}}))
+        .collect();
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"}, "value": {"format": "json"},
+        "steps": [{"txn": null, "records": records}]
+    }))
+    .await;
+}
+
+#[tokio::test]
+async fn each_dispatcher_status_leads_to_its_documented_outcome() {
+    let topic = unique("statuses");
+    let dlq = unique("statuses-dlq");
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    produce_json(&topic, 9).await;
+    let group = unique("statuses-group");
+    let key = |o: i64| format!("kafka:{group}:{topic}:0:{o}");
+    let script: HashMap<String, Vec<u16>> = [
+        (0, vec![400]),
+        (1, vec![404]),
+        (2, vec![410]),
+        (3, vec![422]),
+        (4, vec![500, 502]),
+        (5, vec![429]),
+        (6, vec![503; 10]),
+        (7, vec![401; 100]),
+        (8, vec![500, 500, 500]),
+    ]
+    .into_iter()
+    .map(|(o, s)| (key(o), s))
+    .collect();
+    let d = dispatcher(Faults {
+        scripted: script,
+        retry_after_secs: Some(2),
+        ..Faults::default()
+    })
+    .await;
+    let extra = format!(
+        "on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\nconcurrency = 9\nordering = \"unordered\"\n"
+    );
+    let toml = connection_toml(&group, &topic, &d.url(), &extra).replace(
+        "retry = { initial_backoff_ms = 50, max_backoff_ms = 500 }",
+        "retry = { initial_backoff_ms = 100, max_backoff_ms = 200, max_attempts = 4 }",
+    );
+    let connector = Connector::start(&toml);
+    wait_for(
+        "offsets 4, 5 and 8 accepted",
+        Duration::from_secs(60),
+        || (d.accepted() == 3).then_some(()),
+    )
+    .await;
+    let dead = read_topic(&dlq, 5).await;
+    wait_for(
+        "commit held at the 401 message",
+        Duration::from_secs(30),
+        || (committed(&group, &topic, 1) == [7]).then_some(()),
+    )
+    .await;
+    connector.stop().await;
+
+    let accepted: Vec<i64> = {
+        let mut v: Vec<i64> = d
+            .runs()
+            .iter()
+            .map(|r| r.event["offset"].as_i64().unwrap())
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(
+        accepted,
+        vec![4, 5, 8],
+        "5xx and 429 are retried until accepted"
+    );
+    let by_offset: BTreeMap<String, &BTreeMap<String, String>> = dead
+        .iter()
+        .map(|r| (r.headers["__connect.errors.offset"].clone(), &r.headers))
+        .collect();
+    assert_eq!(
+        by_offset.keys().cloned().collect::<Vec<_>>(),
+        vec!["0", "1", "2", "3", "6"],
+        "401 is never dead-lettered"
+    );
+    for (offset, status, class) in [
+        ("0", "400", "dispatch_rejected"),
+        ("1", "404", "dispatch_rejected"),
+        ("2", "410", "dispatch_rejected"),
+        ("3", "422", "dispatch_rejected"),
+        ("6", "503", "retries_exhausted"),
+    ] {
+        let h = by_offset[offset];
+        assert_eq!(h["tessel.http.status"], status, "offset {offset}");
+        assert_eq!(h["tessel.error.class"], class, "offset {offset}");
+        assert_eq!(h["__connect.errors.topic"], topic);
+        assert_eq!(h["__connect.errors.partition"], "0");
+        assert_eq!(h["__connect.errors.stage"], "DISPATCH");
+        assert_eq!(
+            h["__connect.errors.exception.class.name"],
+            format!("tessel.{class}")
+        );
+        assert_eq!(h["tessel.idempotency.key"], key(offset.parse().unwrap()));
+        assert_eq!(h["tessel.trigger"], "main");
+    }
+    assert_eq!(by_offset["6"]["tessel.attempts"], "4");
+    // The original record is kept.
+    let r0 = dead
+        .iter()
+        .find(|r| r.headers["__connect.errors.offset"] == "0")
+        .unwrap();
+    assert_eq!(r0.key.as_deref(), Some(&b"k0"[..]));
+    assert_eq!(
+        serde_json::from_slice::<Value>(r0.value.as_deref().unwrap()).unwrap(),
+        json!({"i": 0})
+    );
+
+    // 429 with Retry-After: 2 waits at least 2 s before the next attempt.
+    let a5 = d.attempts_for(&key(5));
+    assert_eq!(a5.iter().map(|a| a.1).collect::<Vec<_>>(), vec![429, 202]);
+    let waited = a5[1].0 - a5[0].0;
+    assert!(
+        waited >= Duration::from_millis(1950),
+        "Retry-After 2 s honoured, waited {waited:?}"
+    );
+    // 401 stops the trigger's message without dead-lettering or committing it.
+    assert!(d.attempts_for(&key(7)).iter().all(|a| a.1 == 401));
+}
+
+#[tokio::test]
+async fn backoff_grows_and_stops_at_its_cap() {
+    let topic = unique("backoff");
+    create_topic(&topic, 1).await;
+    produce_json(&topic, 1).await;
+    let group = unique("backoff-group");
+    let key = format!("kafka:{group}:{topic}:0:0");
+    let d = dispatcher(Faults {
+        scripted: HashMap::from([(key.clone(), vec![500; 5])]),
+        ..Faults::default()
+    })
+    .await;
+    let toml = connection_toml(&group, &topic, &d.url(), "").replace(
+        "retry = { initial_backoff_ms = 50, max_backoff_ms = 500 }",
+        "retry = { initial_backoff_ms = 100, max_backoff_ms = 400 }",
+    );
+    let connector = Connector::start(&toml);
+    wait_for("accepted after 5 failures", Duration::from_secs(30), || {
+        (d.accepted() == 1).then_some(())
+    })
+    .await;
+    connector.stop().await;
+    let attempts = d.attempts_for(&key);
+    assert_eq!(attempts.len(), 6);
+    let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    eprintln!("backoff gaps: {gaps:?}");
+    // Ceilings 100, 200, 400, 400, 400 ms; each delay is in the upper half of its ceiling.
+    let ms = |d: &Duration| d.as_millis() as u64;
+    assert!((45..200).contains(&ms(&gaps[0])), "{gaps:?}");
+    assert!((95..300).contains(&ms(&gaps[1])), "{gaps:?}");
+    for g in &gaps[2..] {
+        assert!((195..550).contains(&ms(g)), "capped at 400 ms: {gaps:?}");
+    }
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+async fn latest_id(subject: &str) -> u32 {
+    let v: Value = reqwest::get(format!(
+        "{}/subjects/{subject}/versions/latest",
+        stack().registry_url
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    v["id"].as_u64().expect("schema id") as u32
+}
+
+const PING_AVRO: &str = r#"{"type":"record","name":"Ping","namespace":"flood","fields":[{"name":"n","type":"long"},{"name":"note","type":"string"}]}"#;
+const PING_PROTO: &str = "syntax = \"proto3\";\npackage flood;\nmessage Pong { int64 n = 1; }\n";
+
+#[tokio::test]
+async fn a_flood_of_malformed_payloads_is_dead_lettered_and_the_rest_dispatched() {
+    let topic = unique("flood");
+    let aux = unique("flood-proto");
+    let dlq = unique("flood-dlq");
+    for t in [&topic, &dlq] {
+        create_topic(t, 4).await;
+    }
+    create_topic(&aux, 1).await;
+    // Register the schemas the bad payloads point at.
+    let avro_spec = json!({"format": "avro", "schema": PING_AVRO});
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "registry": stack().registry_url, "topic": topic,
+        "key": {"format": "string"}, "value": avro_spec,
+        "steps": [{"txn": null, "records": [{"key": "good-first", "value": {"n": -1, "note": "first"}}]}]
+    }))
+    .await;
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "registry": stack().registry_url, "topic": aux,
+        "key": {"format": "string"}, "value": {"format": "protobuf", "message": "flood.Pong", "proto_files": {"pong.proto": PING_PROTO}},
+        "steps": [{"txn": null, "records": [{"key": "p", "value": {"n": "1"}}]}]
+    }))
+    .await;
+    let avro_id = latest_id(&format!("{topic}-value")).await;
+    let proto_id = latest_id(&format!("{aux}-value")).await;
+    let frame = |id: u32, body: &[u8]| -> Vec<u8> {
+        let mut v = vec![0u8];
+        v.extend_from_slice(&id.to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    };
+    let mut records = Vec::new();
+    let mut expected_class = BTreeMap::new();
+    for i in 0..1000u32 {
+        records.push(json!({"key": format!("good-{i}"), "value": {"n": i, "note": "ok"}}));
+        let mut random: Vec<u8> = (0..(1 + rand::random::<u8>() % 40))
+            .map(|_| rand::random())
+            .collect();
+        random[0] = random[0].max(2);
+        records.push(json!({"key": format!("random-{i}"), "raw_value_b64": b64(&random)}));
+        records.push(json!({"key": format!("unknown-{i}"), "raw_value_b64": b64(&frame(0x7fff_0000 + i, b"\x02xx"))}));
+        // A long of 300 then a string whose length says 20 bytes, with 2 present.
+        records.push(json!({"key": format!("truncated-{i}"), "raw_value_b64": b64(&frame(avro_id, &[0xd8, 0x04, 0x28, b'a', b'b']))}));
+        // Message-index array pointing at message 10 of a file with one message.
+        records.push(json!({"key": format!("badindex-{i}"), "raw_value_b64": b64(&frame(proto_id, &[0x02, 0x14, 0x08, 0x01]))}));
+    }
+    for (kind, class) in [
+        ("random", "tessel.wire_format"),
+        ("unknown", "tessel.schema_not_found"),
+        ("truncated", "tessel.payload"),
+        ("badindex", "tessel.payload"),
+    ] {
+        let _ = expected_class.insert(kind.to_owned(), class.to_owned());
+    }
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "registry": stack().registry_url, "topic": topic,
+        "key": {"format": "string"}, "value": avro_spec,
+        "steps": [{"txn": null, "records": records}]
+    }))
+    .await;
+    let d = dispatcher(Faults::default()).await;
+    let group = unique("flood-group");
+    let extra = format!(
+        "on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\nconcurrency = 64\nvalue_format = \"schema_registry\"\nkey_format = \"string\"\n"
+    );
+    let toml = connection_toml(&group, &topic, &d.url(), &extra).replace(
+        "retry = { initial_backoff_ms = 50, max_backoff_ms = 500 }",
+        "retry = { initial_backoff_ms = 50, max_backoff_ms = 200, schema_not_found_ms = 300 }",
+    );
+    let connector = Connector::start(&toml);
+    wait_for("1001 good runs", Duration::from_secs(180), || {
+        (d.accepted() >= 1001).then_some(())
+    })
+    .await;
+    let dead = read_topic(&dlq, 4000).await;
+    let hwm = high_watermarks(&topic, 4);
+    wait_for("commits at the end", Duration::from_secs(60), || {
+        (committed(&group, &topic, 4) == hwm).then_some(())
+    })
+    .await;
+    connector.stop().await;
+    assert_eq!(d.accepted(), 1001);
+    assert!(d
+        .runs()
+        .iter()
+        .all(|r| r.event["key"].as_str().unwrap().starts_with("good")));
+    let mut per_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &dead {
+        let key = String::from_utf8(r.key.clone().unwrap()).unwrap();
+        let kind = key.split('-').next().unwrap().to_owned();
+        assert_eq!(
+            r.headers["__connect.errors.exception.class.name"], expected_class[&kind],
+            "{key}: {:?}",
+            r.headers
+        );
+        assert_eq!(r.headers["__connect.errors.stage"], "VALUE_DESERIALIZE");
+        assert_eq!(r.headers["__connect.errors.topic"], topic);
+        assert!(!r.headers["__connect.errors.exception.message"].is_empty());
+        *per_kind.entry(kind).or_default() += 1;
+    }
+    assert_eq!(
+        per_kind.values().copied().collect::<Vec<_>>(),
+        vec![1000; 4],
+        "{per_kind:?}"
+    );
+    assert_eq!(dead.len(), 4000, "each bad record exactly once");
+}
+
+#[tokio::test]
+async fn a_dispatcher_down_for_60_seconds_loses_nothing_and_keeps_the_group() {
+    let topic = unique("dispatcher-down");
+    let dlq = unique("dispatcher-down-dlq");
+    create_topic(&topic, 2).await;
+    create_topic(&dlq, 1).await;
+    let d = dispatcher(Faults {
+        fail_all: Some(503),
+        ..Faults::default()
+    })
+    .await;
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let group = unique("dispatcher-down-group");
+    // The default policy, with a dead-letter topic available to prove nothing is sent there;
+    // a short poll interval would evict a consumer that stopped polling while it waits.
+    let toml = connection_toml(&group, &topic, &d.url(), &format!("on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\n"))
+        .replace("\"auto.offset.reset\" = \"earliest\"\n", "\"auto.offset.reset\" = \"earliest\"\n\"max.poll.interval.ms\" = \"10000\"\n\"session.timeout.ms\" = \"6000\"\n")
+        .replace("retry = { initial_backoff_ms = 50, max_backoff_ms = 500 }", "retry = { initial_backoff_ms = 200, max_backoff_ms = 5000 }");
+    let config = temp_config(&format!(
+        "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n{toml}"
+    ));
+    let mut daemon = Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    produce_json(&topic, 200).await;
+    wait_for("dispatch attempts failing", Duration::from_secs(30), || {
+        (d.attempts() > 50).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(60)).await; // the outage itself, not a synchronisation
+    d.faults(|f| f.fail_all = None);
+    wait_for(
+        "all 200 runs after recovery",
+        Duration::from_secs(60),
+        || (d.accepted() == 200).then_some(()),
+    )
+    .await;
+    let hwm = high_watermarks(&topic, 2);
+    wait_for("commits at the end", Duration::from_secs(30), || {
+        (committed(&group, &topic, 2) == hwm).then_some(())
+    })
+    .await;
+    let metrics = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+    assert_eq!(d.repeats(), 0);
+    assert_eq!(high_watermarks(&dlq, 1), vec![0], "nothing dead-lettered");
+    let rebalances: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("tessel_kafka_rebalances_total"))
+        .collect();
+    assert_eq!(
+        rebalances.len(),
+        1,
+        "one assignment and no revoke or loss: {rebalances:?}"
+    );
+    assert!(
+        rebalances[0].contains("kind=\"assign\"") && rebalances[0].ends_with(" 1"),
+        "{rebalances:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_letter_write_refused_by_an_acl_is_not_committed_and_says_why() {
+    let s = stack();
+    let topic = unique(&format!("{}dlq-acl", s.acl_prefix));
+    let forbidden = unique("forbidden-dlq");
+    create_topic(&topic, 1).await;
+    create_topic(&forbidden, 1).await;
+    produce_json(&topic, 3).await;
+    let d = dispatcher(Faults {
+        fail_all: Some(422),
+        ..Faults::default()
+    })
+    .await;
+    let group = unique(&format!("{}dlq-acl-group", s.acl_prefix));
+    let config = temp_config(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[connections.it.kafka]
+"bootstrap.servers" = "{}"
+"security.protocol" = "SASL_SSL"
+"sasl.mechanism" = "SCRAM-SHA-512"
+"sasl.username" = "{}"
+"sasl.password" = "{}"
+"ssl.ca.location" = "{}"
+"group.id" = "{group}"
+[connections.it.triggers.main]
+topics = ["{topic}"]
+workflow = "wf"
+on_error = "dead_letter"
+dead_letter_topic = "{forbidden}"
+retry = {{ initial_backoff_ms = 200, max_backoff_ms = 1000 }}
+dispatcher = {{ url = "{}" }}
+"#,
+        s.bootstrap_sasl_ssl,
+        s.limited_user,
+        s.limited_password,
+        s.ca_pem,
+        d.url()
+    ));
+    let log = std::env::temp_dir().join(format!("{}.log", unique("dlq-acl")));
+    let mut daemon = Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let line = wait_for(
+        "the refused dead-letter write in the log",
+        Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.lines()
+                .find(|l| l.contains("cannot write to the dead-letter topic"))
+                .map(str::to_owned)
+        },
+    )
+    .await;
+    // Let it retry a while: the offset must stay uncommitted throughout.
+    wait_for("several refused writes", Duration::from_secs(30), || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        (text
+            .matches("cannot write to the dead-letter topic")
+            .count()
+            >= 6)
+            .then_some(())
+    })
+    .await;
+    let committed_now = committed(&group, &topic, 1);
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+    assert!(
+        line.contains("authoriz") || line.contains("Authoriz"),
+        "the error says why: {line}"
+    );
+    assert!(line.contains(&forbidden), "{line}");
+    // The commit may record offset 0 (start again at the first message), never past it.
+    assert!(
+        committed_now[0] <= 0,
+        "committed past the unhandled message: {committed_now:?}"
+    );
+    assert_eq!(high_watermarks(&forbidden, 1), vec![0]);
+}
