@@ -1,7 +1,7 @@
 //! Failure handling: dispatcher statuses, dead-letter records, malformed floods, outages.
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -13,9 +13,9 @@ use tessel_kafka::dev_dispatcher::Faults;
 
 use super::{
     committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
-    Connector,
+    spawn_daemon, Connector,
 };
-use crate::support::{binary, stack, temp_config, unique, wait_for};
+use crate::support::{stack, temp_config, unique, wait_for};
 
 /// A record read back from a dead-letter topic.
 #[derive(Debug)]
@@ -391,13 +391,7 @@ async fn a_dispatcher_down_for_60_seconds_loses_nothing_and_keeps_the_group() {
     let config = temp_config(&format!(
         "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n{toml}"
     ));
-    let mut daemon = Command::new(binary())
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut daemon = spawn_daemon(&config, Stdio::null());
     produce_json(&topic, 200).await;
     wait_for("dispatch attempts failing", Duration::from_secs(30), || {
         (d.attempts() > 50).then_some(())
@@ -482,14 +476,7 @@ dispatcher = {{ url = "{}" }}
         d.url()
     ));
     let log = std::env::temp_dir().join(format!("{}.log", unique("dlq-acl")));
-    let mut daemon = Command::new(binary())
-        .args(["run", "--config"])
-        .arg(&config)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut daemon = spawn_daemon(&config, std::fs::File::create(&log).unwrap().into());
     let line = wait_for(
         "the refused dead-letter write in the log",
         Duration::from_secs(60),

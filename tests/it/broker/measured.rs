@@ -16,9 +16,9 @@ use tessel_kafka::dev_dispatcher::Faults;
 use super::ordering::{assert_per_key_order, produce_keyed};
 use super::{
     committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
-    Connector,
+    spawn_daemon, Connector,
 };
-use crate::support::{binary, stack, temp_config, unique, wait_for, wait_for_async};
+use crate::support::{stack, temp_config, unique, wait_for, wait_for_async};
 
 /// Documented bound on the daemon's peak RSS with a 1,000,000-message backlog over 64
 /// partitions (default buffers: 1000 messages per partition, 64 MiB overall, 16 MiB of
@@ -63,13 +63,7 @@ async fn a_million_message_backlog_keeps_memory_bounded() {
             "concurrency = 16"
         )
     ));
-    let mut daemon = Command::new(binary())
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start tessel-kafka");
+    let mut daemon = spawn_daemon(&config, Stdio::null());
     let pid = daemon.id();
     wait_for("runs starting", Duration::from_secs(60), || {
         (d.accepted() >= 50).then_some(())

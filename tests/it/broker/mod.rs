@@ -178,3 +178,36 @@ retry = {{ initial_backoff_ms = 50, max_backoff_ms = 500 }}
         registry = stack().registry_url,
     )
 }
+
+/// Starts the `tessel-kafka` binary with `config`; its log goes to `stderr`.
+pub fn spawn_daemon(config: &std::path::Path, stderr: Stdio) -> std::process::Child {
+    std::process::Command::new(crate::support::binary())
+        .args(["run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start tessel-kafka")
+}
+
+/// Asserts that every value `i` in 0..n was accepted exactly once.
+pub fn assert_all_once(d: &DevDispatcher, n: usize) {
+    assert_eq!(
+        d.repeats(),
+        0,
+        "offered again after acceptance: {:?}",
+        d.repeated_keys()
+    );
+    let mut seen: Vec<i64> = d
+        .runs()
+        .iter()
+        .map(|r| r.event["value"]["i"].as_i64().unwrap())
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..n as i64).collect::<Vec<_>>(),
+        "every message once"
+    );
+}

@@ -2,17 +2,17 @@
 //! no head-of-line blocking, rebalances and crashes without loss or repeats.
 
 use std::collections::{BTreeMap, HashSet};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tessel_kafka::dev_dispatcher::{AcceptedRun, DevDispatcher, Faults};
+use tessel_kafka::dev_dispatcher::{AcceptedRun, Faults};
 
 use super::{
-    committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
-    Connector,
+    assert_all_once, committed, connection_toml, create_topic, dispatcher, high_watermarks,
+    reference_produce, spawn_daemon, Connector,
 };
-use crate::support::{binary, stack, temp_config, unique, wait_for};
+use crate::support::{stack, temp_config, unique, wait_for};
 
 pub(super) async fn produce_keyed(topic: &str, from: usize, to: usize, keys: usize) {
     let records: Vec<Value> = (from..to)
@@ -36,22 +36,6 @@ pub(super) fn assert_per_key_order(runs: &[AcceptedRun]) {
             assert!(prev < i, "key {key}: {i} accepted after {prev}");
         }
     }
-}
-
-fn assert_all_once(d: &DevDispatcher, n: usize) {
-    assert_eq!(
-        d.repeats(),
-        0,
-        "offered again after acceptance: {:?}",
-        d.repeated_keys()
-    );
-    let mut seen: Vec<i64> = d
-        .runs()
-        .iter()
-        .map(|r| r.event["value"]["i"].as_i64().unwrap())
-        .collect();
-    seen.sort_unstable();
-    assert_eq!(seen, (0..n as i64).collect::<Vec<_>>());
 }
 
 #[tokio::test]
@@ -222,15 +206,7 @@ async fn sigkill_loses_nothing_and_repeats_at_most_the_runs_in_flight() {
         "\"auto.offset.reset\" = \"earliest\"\n\"session.timeout.ms\" = \"6000\"\n",
     );
     let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
-    let spawn = || {
-        Command::new(binary())
-            .args(["run", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start tessel-kafka")
-    };
+    let spawn = || spawn_daemon(&config, Stdio::null());
     let mut daemon = spawn();
     wait_for("500 runs", Duration::from_secs(90), || {
         (d.accepted() >= 500).then_some(())
