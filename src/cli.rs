@@ -29,6 +29,18 @@ pub enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Committed offsets and lag, and resetting them.
+    Offsets {
+        /// What to do.
+        #[command(subcommand)]
+        command: OffsetsCommand,
+    },
+    /// Dead-letter topic tools.
+    Dlq {
+        /// What to do.
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
     /// Run a local run dispatcher that prints one line per run.
     DevDispatcher {
         /// Address to listen on.
@@ -54,5 +66,63 @@ pub enum ConfigCommand {
         /// Configuration file (TOML).
         #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
         config: PathBuf,
+    },
+}
+
+/// `tessel-kafka offsets …`.
+#[derive(Debug, Subcommand)]
+pub enum OffsetsCommand {
+    /// Committed offset, watermarks and lag of every partition of a connection's topics.
+    Show {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
+        config: PathBuf,
+        /// The connection (needed when the file has several).
+        #[arg(long)]
+        connection: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move the group's committed offsets; refused while a member of the group is active.
+    Reset {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
+        config: PathBuf,
+        /// The connection (needed when the file has several).
+        #[arg(long)]
+        connection: Option<String>,
+        /// earliest, latest, timestamp:<ms since the epoch> or offset:<n>.
+        #[arg(long)]
+        to: crate::tools::ResetTo,
+        /// Only this topic (default: all of the connection's topics).
+        #[arg(long)]
+        topic: Option<String>,
+    },
+}
+
+/// `tessel-kafka dlq …`.
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Dispatch dead-lettered messages again, with their original idempotency keys.
+    Replay {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
+        config: PathBuf,
+        /// The connection (needed when the file has several).
+        #[arg(long)]
+        connection: Option<String>,
+        /// The trigger whose dead_letter_topic is replayed.
+        #[arg(long)]
+        trigger: String,
+        /// Partition of the dead-letter topic.
+        #[arg(long, default_value_t = 0)]
+        partition: i32,
+        /// First offset to replay.
+        #[arg(long, default_value_t = 0)]
+        from: i64,
+        /// Stop before this offset (default: the end).
+        #[arg(long)]
+        to: Option<i64>,
     },
 }

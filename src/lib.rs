@@ -7,14 +7,16 @@
 //! - [`codec`]: Confluent wire format, Schema Registry client, Avro/Protobuf/JSON to JSON.
 //! - [`dispatch`]: the run dispatcher client and retry policy.
 //! - [`event`]: the event contract sent to the dispatcher.
-//! - [`cli`]: the command line.
+//! - [`cli`], [`commands`]: the command line and what each command does.
 //! - [`app`], [`shutdown`], [`admin`], [`telemetry`]: running the daemon.
+//! - [`tools`]: offsets show / reset and dead-letter replay.
 //! - [`dev_dispatcher`]: a local dispatcher for the quick start and tests.
 
 pub mod admin;
 pub mod app;
 pub mod cli;
 pub mod codec;
+pub mod commands;
 pub mod config;
 pub mod dev_dispatcher;
 pub mod dispatch;
@@ -22,3 +24,4 @@ pub mod event;
 pub mod kafka;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tools;

@@ -7,6 +7,7 @@ mod ordering;
 mod pipeline;
 mod restart;
 mod smoke;
+mod tools;
 mod transactions;
 
 use std::process::Stdio;

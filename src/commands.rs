@@ -1,0 +1,171 @@
+//! The binary's commands: what `tessel-kafka <command>` does, mapped to an exit code.
+
+use std::process::ExitCode;
+
+use crate::cli::{Cli, Command, ConfigCommand, DlqCommand, OffsetsCommand};
+use crate::config::{Config, LogConfig};
+use crate::dev_dispatcher::{DevDispatcher, Faults};
+use crate::{app::App, shutdown, telemetry, tools};
+use tokio_util::sync::CancellationToken;
+
+/// Runs the command `cli` names.
+pub async fn execute(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Run { config } => {
+            let config = match Config::load(&config) {
+                Ok(c) => c,
+                Err(e) => return fail(&e.to_string()),
+            };
+            telemetry::init_tracing(&config.log);
+            let token = CancellationToken::new();
+            shutdown::spawn_signal_handler(token.clone());
+            let result = match App::build(config) {
+                Ok(app) => app.run(token, true).await,
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&format!("{e:#}")),
+            }
+        }
+        Command::Config {
+            command: ConfigCommand::Check { config },
+        } => match Config::load(&config) {
+            Ok(c) => {
+                println!("# configuration is valid; effective values, secrets redacted\n");
+                print!("{}", toml::to_string_pretty(&c).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e.to_string()),
+        },
+        Command::Offsets { command } => tools_command(command).await,
+        Command::Dlq {
+            command:
+                DlqCommand::Replay {
+                    config,
+                    connection,
+                    trigger,
+                    partition,
+                    from,
+                    to,
+                },
+        } => {
+            let result = match Config::load(&config) {
+                Ok(c) => {
+                    tools::dlq_replay(&c, connection.as_deref(), &trigger, partition, from, to)
+                        .await
+                }
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Ok(replayed) => {
+                    for r in &replayed {
+                        println!(
+                            "{}\t{}\t{}",
+                            r.dead_letter_offset, r.idempotency_key, r.outcome
+                        );
+                    }
+                    if replayed.iter().all(|r| r.outcome == "accepted") {
+                        ExitCode::SUCCESS
+                    } else {
+                        fail("some records were not accepted")
+                    }
+                }
+                Err(e) => fail(&format!("{e:#}")),
+            }
+        }
+        Command::DevDispatcher {
+            listen,
+            latency_ms,
+            fail_ratio,
+            fail_status,
+        } => {
+            telemetry::init_tracing(&LogConfig::default());
+            let token = CancellationToken::new();
+            shutdown::spawn_signal_handler(token.clone());
+            let faults = Faults {
+                latency_ms: (latency_ms, latency_ms),
+                fail_ratio,
+                fail_status,
+                ..Faults::default()
+            };
+            match DevDispatcher::start(listen, faults, true, token.clone()).await {
+                Ok(d) => {
+                    println!("dev dispatcher listening on {}", d.url());
+                    token.cancelled().await;
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&format!("cannot listen on {listen}: {e}")),
+            }
+        }
+    }
+}
+
+async fn tools_command(command: OffsetsCommand) -> ExitCode {
+    match command {
+        OffsetsCommand::Show {
+            config,
+            connection,
+            json,
+        } => {
+            let result = Config::load(&config)
+                .map_err(anyhow::Error::from)
+                .and_then(|c| tools::offsets_show(&c, connection.as_deref()));
+            match result {
+                Ok(rows) if json => {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&rows).unwrap_or_default()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(rows) => {
+                    println!(
+                        "{:<40} {:>9} {:>12} {:>12} {:>12} {:>10}",
+                        "topic", "partition", "committed", "low", "high", "lag"
+                    );
+                    for r in rows {
+                        let committed = r.committed.map_or("-".to_owned(), |c| c.to_string());
+                        println!(
+                            "{:<40} {:>9} {:>12} {:>12} {:>12} {:>10}",
+                            r.topic,
+                            r.partition,
+                            committed,
+                            r.low_watermark,
+                            r.high_watermark,
+                            r.lag
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&format!("{e:#}")),
+            }
+        }
+        OffsetsCommand::Reset {
+            config,
+            connection,
+            to,
+            topic,
+        } => {
+            let result = Config::load(&config)
+                .map_err(anyhow::Error::from)
+                .and_then(|c| {
+                    tools::offsets_reset(&c, connection.as_deref(), &to, topic.as_deref())
+                });
+            match result {
+                Ok(rows) => {
+                    for (t, p, o) in rows {
+                        println!("{t}\t{p}\t{o}");
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&format!("{e:#}")),
+            }
+        }
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::FAILURE
+}

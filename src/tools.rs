@@ -1,0 +1,382 @@
+//! Operator tools: committed offsets and lag, resetting a group's offsets, replaying a
+//! dead-letter topic. They use the connection's own settings (cluster, security, group).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::Serialize;
+
+use crate::codec::registry::RegistryClient;
+use crate::codec::{Decoder, Field};
+use crate::config::{Config, ConnectionConfig};
+use crate::dispatch::{DispatchOutcome, HttpDispatcher};
+use crate::event::{self, EventSource};
+
+const TIMEOUT: Duration = Duration::from_secs(15);
+
+/// One partition's position for `offsets show`.
+#[derive(Debug, Serialize)]
+pub struct PartitionOffsets {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// The group's committed offset, if any.
+    pub committed: Option<i64>,
+    /// Earliest offset still in the log.
+    pub low_watermark: i64,
+    /// The next offset to be written.
+    pub high_watermark: i64,
+    /// Messages not yet committed by the group.
+    pub lag: i64,
+}
+
+fn connection<'a>(
+    config: &'a Config,
+    name: Option<&str>,
+) -> anyhow::Result<(&'a str, &'a ConnectionConfig)> {
+    match name {
+        Some(n) => config
+            .connections
+            .get_key_value(n)
+            .map(|(k, v)| (k.as_str(), v))
+            .with_context(|| format!("no connection named {n}")),
+        None if config.connections.len() == 1 => {
+            let (k, v) = config.connections.iter().next().expect("one connection");
+            Ok((k.as_str(), v))
+        }
+        None => bail!("the config has several connections; name one with --connection"),
+    }
+}
+
+/// A consumer with the connection's settings that never joins the group.
+fn admin_consumer(conn: &ConnectionConfig) -> anyhow::Result<BaseConsumer> {
+    let mut cfg = ClientConfig::new();
+    for (k, v) in &conn.kafka {
+        let _ = cfg.set(k, v);
+    }
+    let _ = cfg
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false");
+    cfg.create()
+        .context("cannot create a Kafka client for the connection")
+}
+
+fn partitions_of(
+    consumer: &BaseConsumer,
+    topics: &BTreeSet<&str>,
+) -> anyhow::Result<Vec<(String, i32)>> {
+    let mut out = Vec::new();
+    for topic in topics {
+        let md = consumer
+            .fetch_metadata(Some(topic), TIMEOUT)
+            .with_context(|| format!("cannot read the metadata of topic {topic}"))?;
+        for t in md.topics() {
+            if let Some(e) = t.error() {
+                bail!("topic {topic}: {:?}", e);
+            }
+            out.extend(t.partitions().iter().map(|p| (t.name().to_owned(), p.id())));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Committed offsets and lag of every partition of the connection's topics.
+pub fn offsets_show(config: &Config, name: Option<&str>) -> anyhow::Result<Vec<PartitionOffsets>> {
+    let (_, conn) = connection(config, name)?;
+    let consumer = admin_consumer(conn)?;
+    let parts = partitions_of(&consumer, &conn.topics())?;
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in &parts {
+        tpl.add_partition(t, *p);
+    }
+    let committed = consumer
+        .committed_offsets(tpl, TIMEOUT)
+        .context("cannot read committed offsets")?;
+    parts
+        .into_iter()
+        .map(|(topic, partition)| {
+            let (low, high) = consumer.fetch_watermarks(&topic, partition, TIMEOUT)?;
+            let committed = match committed
+                .find_partition(&topic, partition)
+                .map(|e| e.offset())
+            {
+                Some(Offset::Offset(o)) => Some(o),
+                _ => None,
+            };
+            let lag = high - committed.unwrap_or(low).max(low);
+            Ok(PartitionOffsets {
+                topic,
+                partition,
+                committed,
+                low_watermark: low,
+                high_watermark: high,
+                lag,
+            })
+        })
+        .collect::<Result<Vec<_>, rdkafka::error::KafkaError>>()
+        .context("cannot read watermarks")
+}
+
+/// Where `offsets reset` moves the group.
+#[derive(Debug, Clone)]
+pub enum ResetTo {
+    /// The earliest offset still in the log.
+    Earliest,
+    /// The end of the log.
+    Latest,
+    /// The first offset at or after this time (milliseconds since the epoch).
+    Timestamp(i64),
+    /// This offset.
+    Offset(i64),
+}
+
+impl std::str::FromStr for ResetTo {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "earliest" => Ok(Self::Earliest),
+            "latest" => Ok(Self::Latest),
+            _ => {
+                if let Some(ms) = s.strip_prefix("timestamp:") {
+                    return ms
+                        .parse()
+                        .map(Self::Timestamp)
+                        .map_err(|_| format!("bad timestamp {ms}: milliseconds since the epoch"));
+                }
+                if let Some(o) = s.strip_prefix("offset:") {
+                    return o
+                        .parse()
+                        .map(Self::Offset)
+                        .map_err(|_| format!("bad offset {o}"));
+                }
+                Err("use earliest, latest, timestamp:<ms> or offset:<n>".to_owned())
+            }
+        }
+    }
+}
+
+/// Moves the group's committed offsets; refused while the group has active members.
+pub fn offsets_reset(
+    config: &Config,
+    name: Option<&str>,
+    to: &ResetTo,
+    topic: Option<&str>,
+) -> anyhow::Result<Vec<(String, i32, i64)>> {
+    let (cname, conn) = connection(config, name)?;
+    let group = conn.group_id();
+    let consumer = admin_consumer(conn)?;
+    let groups = consumer
+        .fetch_group_list(Some(group), TIMEOUT)
+        .context("cannot describe the consumer group")?;
+    if let Some(g) = groups.groups().iter().find(|g| g.name() == group) {
+        if !g.members().is_empty() || !matches!(g.state(), "Empty" | "Dead" | "") {
+            bail!(
+                "consumer group {group} of connection {cname} has {} active member(s) (state {}); stop every tessel-kafka of this connection first",
+                g.members().len(),
+                g.state()
+            );
+        }
+    }
+    let topics: BTreeSet<&str> = match topic {
+        Some(t) => {
+            if !conn.topics().contains(t) {
+                bail!("topic {t} is not consumed by connection {cname}");
+            }
+            BTreeSet::from([t])
+        }
+        None => conn.topics(),
+    };
+    let parts = partitions_of(&consumer, &topics)?;
+    let mut tpl = TopicPartitionList::new();
+    let mut result = Vec::new();
+    for (t, p) in &parts {
+        let (low, high) = consumer.fetch_watermarks(t, *p, TIMEOUT)?;
+        let offset = match to {
+            ResetTo::Earliest => low,
+            ResetTo::Latest => high,
+            ResetTo::Offset(o) => (*o).clamp(low, high),
+            ResetTo::Timestamp(ms) => {
+                let mut q = TopicPartitionList::new();
+                q.add_partition_offset(t, *p, Offset::Offset(*ms))?;
+                let found = consumer.offsets_for_times(q, TIMEOUT)?;
+                match found.find_partition(t, *p).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) => o,
+                    _ => high,
+                }
+            }
+        };
+        tpl.add_partition_offset(t, *p, Offset::Offset(offset))?;
+        result.push((t.clone(), *p, offset));
+    }
+    consumer.commit(&tpl, CommitMode::Sync).with_context(|| {
+        format!("the broker refused the new offsets of group {group} (is a consumer active?)")
+    })?;
+    Ok(result)
+}
+
+/// The result of replaying one dead-letter record.
+#[derive(Debug, Serialize)]
+pub struct Replayed {
+    /// Offset of the record in the dead-letter topic.
+    pub dead_letter_offset: i64,
+    /// The original record's idempotency key.
+    pub idempotency_key: String,
+    /// `accepted`, `retryable`, `rejected`, `unauthorized`, or `undecodable`.
+    pub outcome: String,
+}
+
+/// Dispatches the records of a trigger's dead-letter topic (partition `partition`, offsets
+/// `from..to`) again, as the original messages with their original idempotency keys.
+pub async fn dlq_replay(
+    config: &Config,
+    name: Option<&str>,
+    trigger_name: &str,
+    partition: i32,
+    from: i64,
+    to: Option<i64>,
+) -> anyhow::Result<Vec<Replayed>> {
+    let (cname, conn) = connection(config, name)?;
+    let trigger = conn
+        .triggers
+        .get(trigger_name)
+        .with_context(|| format!("no trigger {trigger_name} in connection {cname}"))?;
+    let dlq = trigger
+        .dead_letter_topic
+        .as_deref()
+        .with_context(|| format!("trigger {trigger_name} has no dead_letter_topic"))?;
+    let registry = match &conn.schema_registry {
+        Some(r) => Some(std::sync::Arc::new(RegistryClient::try_new(r)?)),
+        None => None,
+    };
+    let decoder = Decoder::new(registry);
+    let dispatcher = HttpDispatcher::try_new(&trigger.dispatcher).map_err(anyhow::Error::msg)?;
+    let consumer = admin_consumer(conn)?;
+    let (_, high) = consumer.fetch_watermarks(dlq, partition, TIMEOUT)?;
+    let end = to.map_or(high, |t| t.min(high));
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(dlq, partition, Offset::Offset(from))?;
+    consumer.assign(&tpl)?;
+    let mut records = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut next = from;
+    while next < end {
+        if std::time::Instant::now() > deadline {
+            bail!("timed out reading {dlq}[{partition}] at offset {next}");
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                next = m.offset() + 1;
+                if m.offset() < end {
+                    records.push(m.detach());
+                }
+            }
+            Some(Err(e)) => bail!("reading {dlq}: {e}"),
+            None => {}
+        }
+    }
+    let mut out = Vec::new();
+    for r in records {
+        let Some(original) = original_of(&r) else {
+            out.push(Replayed {
+                dead_letter_offset: r.offset(),
+                idempotency_key: String::new(),
+                outcome: "not_a_dead_letter_record".into(),
+            });
+            continue;
+        };
+        let id = header(&r, "tessel.idempotency.key").unwrap_or_else(|| {
+            event::idempotency_key(
+                conn.group_id(),
+                original.topic(),
+                original.partition(),
+                original.offset(),
+            )
+        });
+        let headers = event::headers_of(&original);
+        let key = decoder
+            .decode(
+                trigger.key_format,
+                original.key(),
+                original.topic(),
+                Field::Key,
+            )
+            .await;
+        let value = decoder
+            .decode(
+                trigger.value_format,
+                original.payload(),
+                original.topic(),
+                Field::Value,
+            )
+            .await;
+        let outcome = match (key, value) {
+            (Ok(k), Ok(v)) => {
+                let source = EventSource {
+                    connection: cname,
+                    trigger: trigger_name,
+                    workflow: &trigger.workflow,
+                };
+                let body = event::render(source, &id, &original, &headers, &k, &v);
+                match dispatcher
+                    .dispatch(body, &id, event::traceparent(&headers))
+                    .await
+                {
+                    DispatchOutcome::Accepted { .. } => "accepted",
+                    o => o.label(),
+                }
+            }
+            _ => "undecodable",
+        };
+        out.push(Replayed {
+            dead_letter_offset: r.offset(),
+            idempotency_key: id,
+            outcome: outcome.to_owned(),
+        });
+    }
+    Ok(out)
+}
+
+fn header(m: &OwnedMessage, name: &str) -> Option<String> {
+    m.headers()?
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// Rebuilds the original record from a dead-letter record: its topic, partition and offset
+/// from the `__connect.errors.*` headers, its own headers without the added ones.
+fn original_of(r: &OwnedMessage) -> Option<OwnedMessage> {
+    let topic = header(r, "__connect.errors.topic")?;
+    let partition = header(r, "__connect.errors.partition")?.parse().ok()?;
+    let offset = header(r, "__connect.errors.offset")?.parse().ok()?;
+    let mut headers = OwnedHeaders::new();
+    if let Some(hs) = r.headers() {
+        for h in hs
+            .iter()
+            .filter(|h| !h.key.starts_with("__connect.errors.") && !h.key.starts_with("tessel."))
+        {
+            headers = headers.insert(Header {
+                key: h.key,
+                value: h.value,
+            });
+        }
+    }
+    Some(OwnedMessage::new(
+        r.payload().map(<[u8]>::to_vec),
+        r.key().map(<[u8]>::to_vec),
+        topic,
+        r.timestamp(),
+        partition,
+        offset,
+        Some(headers),
+    ))
+}
