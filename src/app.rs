@@ -4,25 +4,29 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::health::HealthRegistry;
 use crate::kafka::supervisor::{ConnectionSupervisor, SupervisorError};
 
 /// The running daemon.
 pub struct App {
     config: Config,
     supervisors: Vec<ConnectionSupervisor>,
+    health: HealthRegistry,
 }
 
 impl App {
     /// Creates every connection's consumer and clients. Opens no network connection.
     pub fn build(config: Config) -> Result<Self, SupervisorError> {
+        let health = HealthRegistry::default();
         let supervisors = config
             .connections
             .iter()
-            .map(|(name, c)| ConnectionSupervisor::try_new(name, c))
+            .map(|(name, c)| ConnectionSupervisor::try_new(name, c, health.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             config,
             supervisors,
+            health,
         })
     }
 
@@ -32,11 +36,11 @@ impl App {
         let tracker = TaskTracker::new();
         if serve_admin {
             let metrics = crate::telemetry::metrics::install();
-            let names = self.config.connections.keys().cloned().collect();
+            let health = self.health.clone();
             let addr = self.config.server.listen;
             let token = shutdown.clone();
             tracker.spawn(async move {
-                if let Err(e) = crate::admin::serve(addr, metrics, names, token).await {
+                if let Err(e) = crate::admin::serve(addr, metrics, health, token).await {
                     tracing::error!(%addr, error = %e, "admin server failed");
                 }
             });

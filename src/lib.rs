@@ -21,6 +21,7 @@ pub mod config;
 pub mod dev_dispatcher;
 pub mod dispatch;
 pub mod event;
+pub mod health;
 pub mod kafka;
 pub mod shutdown;
 pub mod telemetry;

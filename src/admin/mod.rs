@@ -1,7 +1,6 @@
 //! The daemon's own HTTP server: `/metrics`, `/healthz`, `/readyz`.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -11,23 +10,22 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::health::HealthRegistry;
+
 #[derive(Clone)]
 struct AdminState {
     metrics: Option<PrometheusHandle>,
-    connections: Arc<Vec<String>>,
+    health: HealthRegistry,
 }
 
 /// Serves the admin endpoints on `addr` until `shutdown` fires.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Option<PrometheusHandle>,
-    connections: Vec<String>,
+    health: HealthRegistry,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let state = AdminState {
-        metrics,
-        connections: Arc::new(connections),
-    };
+    let state = AdminState { metrics, health };
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route(
@@ -53,6 +51,18 @@ async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
     }
 }
 
+/// 200 when every connection is ready, else 503; the body says why per connection.
 async fn ready_handler(State(state): State<AdminState>) -> impl IntoResponse {
-    Json(serde_json::json!({"status": "ready", "connections": *state.connections}))
+    let connections = state.health.snapshot();
+    let ready = connections.values().all(|c| c.is_ready());
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({
+        "status": if ready { "ready" } else { "not_ready" },
+        "connections": connections,
+    });
+    (status, Json(body))
 }

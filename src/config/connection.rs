@@ -33,6 +33,10 @@ pub struct ConnectionConfig {
     /// Default 30000.
     #[serde(default = "default_drain_timeout_ms")]
     pub drain_timeout_ms: u64,
+    /// A partition with messages waiting or in flight whose commit offset has not moved for
+    /// this long is reported as stalled (metric, log line, `/readyz`). Default 60000.
+    #[serde(default = "default_stall_after_ms")]
+    pub stall_after_ms: u64,
     /// Messages buffered per partition before that partition is paused. Default 1000.
     #[serde(default = "default_max_buffered_per_partition")]
     pub max_buffered_per_partition: usize,
@@ -65,6 +69,9 @@ pub struct RegistryConfig {
 
 fn default_drain_timeout_ms() -> u64 {
     30_000
+}
+fn default_stall_after_ms() -> u64 {
+    60_000
 }
 fn default_max_buffered_per_partition() -> usize {
     1_000

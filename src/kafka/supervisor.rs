@@ -27,6 +27,7 @@ use crate::config::ConnectionConfig;
 use crate::dispatch::retry::Backoff;
 use crate::dispatch::HttpDispatcher;
 use crate::event::TopicPartition;
+use crate::health::{ConnectionHealth, HealthRegistry};
 use crate::telemetry::metrics;
 
 /// Why a connection could not start or stopped.
@@ -69,6 +70,10 @@ struct PartitionState {
     drain: CancellationToken,
     /// Abandons even attempts in progress (lost assignment, drain deadline).
     cancel: CancellationToken,
+    /// When the commit offset last moved (or the partition last had no backlog).
+    last_progress: Instant,
+    /// Why the partition is reported stalled, while it is.
+    stalled: Option<String>,
 }
 
 /// What a worker tells the supervisor.
@@ -116,12 +121,17 @@ pub struct ConnectionSupervisor {
     last_commit: Instant,
     /// Whether the global byte budget was exceeded at the last check.
     global_full: bool,
+    /// Where readiness is reported.
+    health: HealthRegistry,
     tasks: TaskTracker,
     buffered_bytes: usize,
     pending_revoke: Option<PendingRevoke>,
 }
 
 const EVENT_CHANNEL: usize = 1024;
+
+/// How often stalls are looked for.
+const STALL_CHECK: Duration = Duration::from_secs(1);
 
 /// Accepted offsets reach the group within this interval plus one round trip. Commits are
 /// asynchronous and pipelined (librdkafka sends them in order on one connection), so a crash
@@ -131,7 +141,11 @@ const COMMIT_INTERVAL: Duration = Duration::from_millis(10);
 
 impl ConnectionSupervisor {
     /// Creates the consumer and the triggers' clients; opens no connection yet.
-    pub fn try_new(name: &str, config: &ConnectionConfig) -> Result<Self, SupervisorError> {
+    pub fn try_new(
+        name: &str,
+        config: &ConnectionConfig,
+        health: HealthRegistry,
+    ) -> Result<Self, SupervisorError> {
         let setup = |reason: String| SupervisorError::Setup {
             connection: name.to_owned(),
             reason,
@@ -180,6 +194,7 @@ impl ConnectionSupervisor {
                 producer: producer.clone(),
                 throttle_until: std::sync::Mutex::new(None),
                 stopped: std::sync::atomic::AtomicBool::new(false),
+                last_failure: std::sync::Mutex::new(None),
             });
             for topic in &t.topics {
                 let _ = triggers.insert(topic.clone(), Arc::clone(&runtime));
@@ -211,6 +226,7 @@ impl ConnectionSupervisor {
             unsent: HashMap::new(),
             last_commit: Instant::now(),
             global_full: false,
+            health,
             tasks: TaskTracker::new(),
             buffered_bytes: 0,
             pending_revoke: None,
@@ -236,6 +252,8 @@ impl ConnectionSupervisor {
         )
         .map_err(|e| SupervisorError::Thread(self.name.clone(), e))?;
 
+        let mut stall_check = tokio::time::interval(STALL_CHECK);
+        stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let revoke_deadline = self.pending_revoke.as_ref().map(|r| r.deadline);
             tokio::select! {
@@ -243,6 +261,7 @@ impl ConnectionSupervisor {
                 _ = shutdown.cancelled() => break,
                 Some(e) = self.completions.recv() => self.on_worker_event(e),
                 _ = sleep_until_opt(revoke_deadline) => {}
+                _ = stall_check.tick() => self.check_stalls(),
                 _ = tokio::time::sleep_until(self.last_commit + COMMIT_INTERVAL), if !self.unsent.is_empty() => {}
                 event = self.events.recv(), if self.pending_revoke.is_none() => match event {
                     Some(e) => self.on_event(e),
@@ -291,6 +310,8 @@ impl ConnectionSupervisor {
                         buffered_bytes: 0,
                         drain: CancellationToken::new(),
                         cancel: CancellationToken::new(),
+                        last_progress: Instant::now(),
+                        stalled: None,
                     };
                     if let Some(old) = self.partitions.insert(tp, state) {
                         old.cancel.cancel();
@@ -433,6 +454,7 @@ impl ConnectionSupervisor {
                 continue;
             };
             if let Some((offset, metadata)) = p.tracker.take_new_commit() {
+                p.last_progress = Instant::now();
                 add_commit(&mut store, &tp, offset, &metadata);
                 let _ = self.unsent.insert(tp.clone(), (offset, metadata));
             }
@@ -529,6 +551,55 @@ impl ConnectionSupervisor {
         if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
             tracing::debug!(connection = %self.name, error = %e, "cannot send commit; the next one covers it");
         }
+    }
+
+    /// Reports partitions with a backlog and no progress for `stall_after_ms`, with the
+    /// reason, in the log, the metrics and `/readyz`; and triggers stopped by configuration.
+    fn check_stalls(&mut self) {
+        let after = Duration::from_millis(self.config.stall_after_ms);
+        let mut health = ConnectionHealth {
+            assigned_partitions: self.partitions.len(),
+            ..ConnectionHealth::default()
+        };
+        for (tp, p) in self.partitions.iter_mut() {
+            let backlog = p.queue.waiting() + p.queue.in_flight();
+            if backlog == 0 {
+                p.last_progress = Instant::now();
+            }
+            let reason = (backlog > 0 && p.last_progress.elapsed() >= after).then(|| {
+                if p.trigger.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    "trigger stopped by a configuration error".to_owned()
+                } else if let Some(failure) = p.trigger.recent_failure(after) {
+                    format!("key parked: a message is being retried ({failure})")
+                } else if p.paused {
+                    "paused: the partition's buffer is full".to_owned()
+                } else {
+                    "waiting for runs in flight".to_owned()
+                }
+            });
+            match (&p.stalled, &reason) {
+                (None, Some(r)) => {
+                    tracing::warn!(connection = %self.name, topic = %tp.topic, partition = tp.partition,
+                    reason = %r, stalled_for_ms = p.last_progress.elapsed().as_millis() as u64, "partition stalled")
+                }
+                (Some(_), None) => {
+                    tracing::info!(connection = %self.name, topic = %tp.topic, partition = tp.partition, "partition progressing again")
+                }
+                _ => {}
+            }
+            p.stalled = reason;
+            if let Some(r) = &p.stalled {
+                let _ = health.stalled_partitions.insert(tp.to_string(), r.clone());
+            }
+        }
+        for t in self.triggers.values() {
+            if t.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                let reason = t.recent_failure(Duration::MAX).unwrap_or_default();
+                let _ = health.stopped_triggers.insert(t.name.clone(), reason);
+            }
+        }
+        metrics::stalled(&self.name, health.stalled_partitions.len());
+        self.health.set(&self.name, health);
     }
 
     fn report_partitions(&self) {

@@ -63,6 +63,8 @@ pub struct TriggerRuntime {
     pub throttle_until: Mutex<Option<Instant>>,
     /// Set while a configuration error (401/403) keeps the trigger from dispatching.
     pub stopped: AtomicBool,
+    /// Why the trigger is stopped, or why its last attempt failed (and when).
+    pub last_failure: Mutex<Option<(Instant, String)>>,
 }
 
 impl TriggerRuntime {
@@ -84,7 +86,21 @@ impl TriggerRuntime {
         }
     }
 
+    fn failed(&self, reason: &str) {
+        *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Instant::now(), reason.to_owned()));
+    }
+
+    /// The failure reason if the trigger failed within `window`.
+    pub fn recent_failure(&self, window: Duration) -> Option<String> {
+        let last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
+        last.as_ref()
+            .filter(|(at, _)| at.elapsed() <= window)
+            .map(|(_, r)| r.clone())
+    }
+
     fn stop(&self, reason: &str) {
+        self.failed(reason);
         if !self.stopped.swap(true, Ordering::SeqCst) {
             tracing::error!(connection = %self.connection, trigger = %self.name, error = reason,
                 "trigger stopped by a configuration error; fix the credentials, messages wait and are not committed");
@@ -268,6 +284,7 @@ async fn attempt_once(
                 trigger.throttle(ra);
             }
             attempts.transient += 1;
+            trigger.failed(&format!("dispatcher failing: {reason}"));
             tracing::warn!(
                 connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
                 partition = msg.partition(), offset = msg.offset(), status = ?status,
@@ -287,6 +304,7 @@ async fn attempt_once(
         }
         DispatchOutcome::Rejected { status, reason } => {
             trigger.resume();
+            trigger.failed(&format!("dispatcher rejected a message with HTTP {status}"));
             tracing::warn!(
                 connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
                 partition = msg.partition(), offset = msg.offset(), status, error = %reason,
@@ -319,6 +337,7 @@ fn on_decode_error(
     attempts: &mut Attempts,
 ) -> Step {
     metrics::decode_error(&trigger.connection, &trigger.name, e.class());
+    trigger.failed(&format!("cannot decode: {}", e.class()));
     tracing::warn!(
         connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
         partition = msg.partition(), offset = msg.offset(), field = ?field,

@@ -19,6 +19,8 @@ pub const DISPATCH_SECONDS: &str = "tessel_kafka_dispatch_duration_seconds";
 pub const RUNS_IN_FLIGHT: &str = "tessel_kafka_runs_in_flight";
 /// Partitions paused for backpressure.
 pub const PAUSED_PARTITIONS: &str = "tessel_kafka_paused_partitions";
+/// Partitions with a backlog and no progress for `stall_after_ms`.
+pub const STALLED_PARTITIONS: &str = "tessel_kafka_stalled_partitions";
 /// Assigned partitions.
 pub const ASSIGNED_PARTITIONS: &str = "tessel_kafka_assigned_partitions";
 /// Rebalance events by kind.
@@ -51,6 +53,10 @@ pub fn install() -> Option<PrometheusHandle> {
         "Partitions paused because their buffer is full."
     );
     describe_gauge!(ASSIGNED_PARTITIONS, "Partitions assigned to this consumer.");
+    describe_gauge!(
+        STALLED_PARTITIONS,
+        "Partitions with a backlog and no progress for stall_after_ms."
+    );
     describe_counter!(
         REBALANCES,
         "Rebalance events, by kind (assign, revoke, lost)."
@@ -109,4 +115,9 @@ pub fn rebalance(connection: &str, kind: &'static str) {
 /// An offset commit finished.
 pub fn commit(connection: &str, ok: bool) {
     counter!(COMMITS, "connection" => connection.to_owned(), "result" => if ok { "ok" } else { "error" }).increment(1);
+}
+
+/// Stalled partitions of a connection.
+pub fn stalled(connection: &str, n: usize) {
+    gauge!(STALLED_PARTITIONS, "connection" => connection.to_owned()).set(n as f64);
 }

@@ -513,3 +513,78 @@ dispatcher = {{ url = "{}" }}
     );
     assert_eq!(high_watermarks(&forbidden, 1), vec![0]);
 }
+
+#[tokio::test]
+async fn a_stalled_partition_is_reported_with_its_reason_until_it_moves_again() {
+    let topic = unique("stall");
+    create_topic(&topic, 1).await;
+    produce_json(&topic, 5).await;
+    let group = unique("stall-group");
+    let stuck = format!("kafka:{group}:{topic}:0:2");
+    let d = dispatcher(Faults {
+        fail_keys: std::collections::HashSet::from([stuck]),
+        fail_status: 500,
+        ..Faults::default()
+    })
+    .await;
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let toml = connection_toml(&group, &topic, &d.url(), "").replace(
+        "drain_timeout_ms = 10000\n",
+        "drain_timeout_ms = 10000\nstall_after_ms = 1500\n",
+    );
+    let config = temp_config(&format!(
+        "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n{toml}"
+    ));
+    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let ready = |port: u16| async move {
+        let resp = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+            .await
+            .ok()?;
+        let status = resp.status().as_u16();
+        Some((status, resp.json::<Value>().await.ok()?))
+    };
+    let mut body = Value::Null;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if let Some((503, b)) = ready(admin_port).await {
+            body = b;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let reason = body["connections"]["it"]["stalled_partitions"][format!("{topic}[0]")]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.contains("key parked") && reason.contains("HTTP 500"),
+        "readiness says why: {body}"
+    );
+    let metrics = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "tessel_kafka_stalled_partitions{connection=\"it\"} 1"),
+        "{metrics}"
+    );
+    d.faults(|f| f.fail_keys.clear());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut recovered = false;
+    while !recovered && std::time::Instant::now() < deadline {
+        recovered = matches!(ready(admin_port).await, Some((200, _)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+    assert!(recovered, "ready again once the partition moves");
+    assert_eq!(d.accepted(), 5);
+}
