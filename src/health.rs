@@ -16,6 +16,11 @@ pub struct HealthRegistry {
 /// Health of one connection.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct ConnectionHealth {
+    /// A broker of the cluster is reachable (from librdkafka's statistics; false until the
+    /// first report).
+    pub brokers_up: bool,
+    /// The schema registry answered its last probe (true when none is configured).
+    pub registry_reachable: bool,
     /// Partitions assigned to this daemon.
     pub assigned_partitions: usize,
     /// Stalled partitions (`topic[partition]`) and why.
@@ -25,9 +30,14 @@ pub struct ConnectionHealth {
 }
 
 impl ConnectionHealth {
-    /// Ready when nothing is stalled or stopped.
+    /// Ready when the brokers and the registry are reachable and nothing is stalled or
+    /// stopped. A connection with no partitions assigned is idle by design (more daemons
+    /// than partitions), not unready.
     pub fn is_ready(&self) -> bool {
-        self.stalled_partitions.is_empty() && self.stopped_triggers.is_empty()
+        self.brokers_up
+            && self.registry_reachable
+            && self.stalled_partitions.is_empty()
+            && self.stopped_triggers.is_empty()
     }
 }
 

@@ -133,3 +133,27 @@ fn compose_config_is_valid() {
     let c = load(include_str!("../../config/compose/tessel-kafka.toml")).unwrap();
     assert_eq!(c.connections["demo"].group_id(), "tessel-demo");
 }
+
+#[test]
+fn kubernetes_example_config_is_valid() {
+    let manifest = include_str!("../../deploy/kubernetes/tessel-kafka.yaml");
+    let start = manifest.find("config.toml: |").unwrap();
+    let block: String = manifest[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("    ") || l.is_empty())
+        .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+        .collect();
+    // The secret files exist only in the cluster.
+    let block = block
+        .replace(
+            "{ file = \"/run/secrets/tessel-kafka/kafka-password\" }",
+            "\"x\"",
+        )
+        .replace(
+            "{ file = \"/run/secrets/tessel-kafka/dispatcher-token\" }",
+            "\"y\"",
+        );
+    let c = load(&block).unwrap();
+    assert_eq!(c.connections["orders"].group_id(), "tessel-orders");
+}

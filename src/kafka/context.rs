@@ -31,6 +31,10 @@ pub struct ConnectorContext {
     closing: AtomicBool,
     /// Upper bound on how long a revoke callback waits for the supervisor.
     revoke_wait: Duration,
+    /// Whether at least one broker was up at the last statistics report.
+    brokers_up: AtomicBool,
+    /// Whether any statistics report arrived yet.
+    stats_seen: AtomicBool,
 }
 
 impl ConnectorContext {
@@ -44,7 +48,16 @@ impl ConnectorContext {
             events,
             closing: AtomicBool::new(false),
             revoke_wait,
+            brokers_up: AtomicBool::new(false),
+            stats_seen: AtomicBool::new(false),
         }
+    }
+
+    /// Brokers reachable, per librdkafka's last statistics (None before the first report).
+    pub(crate) fn brokers_up(&self) -> Option<bool> {
+        self.stats_seen
+            .load(Ordering::SeqCst)
+            .then(|| self.brokers_up.load(Ordering::SeqCst))
     }
 
     pub(crate) fn set_closing(&self) {
@@ -84,6 +97,26 @@ impl ClientContext for ConnectorContext {
             }
             RDKafkaLogLevel::Debug => {
                 tracing::debug!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+            }
+        }
+    }
+
+    /// librdkafka's statistics: broker reachability for readiness, consumer lag per partition
+    /// (the last stable offset, as reads are read_committed, minus the committed offset).
+    fn stats(&self, stats: rdkafka::Statistics) {
+        let up = stats
+            .brokers
+            .values()
+            .any(|b| b.nodeid >= 0 && b.state == "UP");
+        self.brokers_up.store(up, Ordering::SeqCst);
+        self.stats_seen.store(true, Ordering::SeqCst);
+        for (topic, t) in &stats.topics {
+            for (partition, p) in &t.partitions {
+                if *partition < 0 || p.committed_offset < 0 || p.ls_offset < 0 {
+                    continue;
+                }
+                let lag = (p.ls_offset - p.committed_offset).max(0);
+                crate::telemetry::metrics::consumer_lag(&self.connection, topic, *partition, lag);
             }
         }
     }

@@ -73,7 +73,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     // (65536 KB, 100000 messages) let the daemon reach 270 MiB, these keep it near 130 MiB.
     ("queued.max.messages.kbytes", "2048"),
     ("queued.min.messages", "100"),
-    ("statistics.interval.ms", "0"),
+    // Statistics feed consumer lag and broker reachability (readiness).
+    ("statistics.interval.ms", "2000"),
 ];
 
 /// The librdkafka configuration of a connection's consumer.

@@ -68,6 +68,7 @@ pub type ExtraHeader = (String, String);
 #[derive(Clone)]
 pub struct IdempotentProducer {
     producer: FutureProducer,
+    connection: String,
 }
 
 impl std::fmt::Debug for IdempotentProducer {
@@ -81,6 +82,7 @@ impl IdempotentProducer {
     pub fn try_new(name: &str, conn: &ConnectionConfig) -> Result<Self, KafkaError> {
         Ok(Self {
             producer: producer_config(name, conn).create()?,
+            connection: name.to_owned(),
         })
     }
 
@@ -117,10 +119,18 @@ impl IdempotentProducer {
         if let Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) = original.timestamp() {
             record = record.timestamp(t);
         }
-        self.producer
+        let started = std::time::Instant::now();
+        let result = self
+            .producer
             .send(record, MESSAGE_TIMEOUT)
             .await
             .map(|d| (d.partition, d.offset))
-            .map_err(|(e, _)| e)
+            .map_err(|(e, _)| e);
+        crate::telemetry::metrics::producer_delivery(
+            &self.connection,
+            result.is_ok(),
+            started.elapsed().as_secs_f64(),
+        );
+        result
     }
 }

@@ -123,6 +123,12 @@ pub struct ConnectionSupervisor {
     global_full: bool,
     /// Where readiness is reported.
     health: HealthRegistry,
+    /// The registry client, probed for readiness.
+    registry: Option<Arc<RegistryClient>>,
+    /// Result of the last registry probe.
+    registry_reachable: Arc<std::sync::atomic::AtomicBool>,
+    /// When the registry was last probed.
+    last_registry_probe: Option<Instant>,
     tasks: TaskTracker,
     buffered_bytes: usize,
     pending_revoke: Option<PendingRevoke>,
@@ -130,8 +136,11 @@ pub struct ConnectionSupervisor {
 
 const EVENT_CHANNEL: usize = 1024;
 
-/// How often stalls are looked for.
+/// How often stalls are looked for (and readiness refreshed).
 const STALL_CHECK: Duration = Duration::from_secs(1);
+
+/// How often the schema registry is probed for readiness.
+const REGISTRY_PROBE: Duration = Duration::from_secs(5);
 
 /// Accepted offsets reach the group within this interval plus one round trip. Commits are
 /// asynchronous and pipelined (librdkafka sends them in order on one connection), so a crash
@@ -158,7 +167,7 @@ impl ConnectionSupervisor {
             }
             None => None,
         };
-        let decoder = Decoder::new(registry);
+        let decoder = Decoder::new(registry.clone());
         let needs_producer = config
             .triggers
             .values()
@@ -227,6 +236,9 @@ impl ConnectionSupervisor {
             last_commit: Instant::now(),
             global_full: false,
             health,
+            registry_reachable: Arc::new(std::sync::atomic::AtomicBool::new(registry.is_none())),
+            registry,
+            last_registry_probe: None,
             tasks: TaskTracker::new(),
             buffered_bytes: 0,
             pending_revoke: None,
@@ -557,7 +569,29 @@ impl ConnectionSupervisor {
     /// reason, in the log, the metrics and `/readyz`; and triggers stopped by configuration.
     fn check_stalls(&mut self) {
         let after = Duration::from_millis(self.config.stall_after_ms);
+        if let Some(registry) = &self.registry {
+            if self
+                .last_registry_probe
+                .is_none_or(|t| t.elapsed() >= REGISTRY_PROBE)
+            {
+                self.last_registry_probe = Some(Instant::now());
+                let registry = Arc::clone(registry);
+                let flag = Arc::clone(&self.registry_reachable);
+                tokio::spawn(async move {
+                    let ok = registry.probe().await.is_ok();
+                    flag.store(ok, std::sync::atomic::Ordering::SeqCst);
+                });
+            }
+        }
+        let brokers_up = self.consumer.context().brokers_up();
+        if let Some(up) = brokers_up {
+            metrics::brokers_up(&self.name, up);
+        }
         let mut health = ConnectionHealth {
+            brokers_up: brokers_up.unwrap_or(false),
+            registry_reachable: self
+                .registry_reachable
+                .load(std::sync::atomic::Ordering::SeqCst),
             assigned_partitions: self.partitions.len(),
             ..ConnectionHealth::default()
         };

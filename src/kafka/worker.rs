@@ -244,7 +244,10 @@ async fn attempt_once(
     attempts: &mut Attempts,
 ) -> Step {
     let (key, value) = match decode(trigger, msg).await {
-        Ok(kv) => kv,
+        Ok(kv) => {
+            metrics::decoded(&trigger.connection, &trigger.name, kv.1.schema.format);
+            kv
+        }
         Err((field, e)) => return on_decode_error(trigger, msg, field, &e, attempts),
     };
     let source = EventSource {
@@ -268,6 +271,16 @@ async fn attempt_once(
     match outcome {
         DispatchOutcome::Accepted { .. } => {
             trigger.resume();
+            if let Some(ts) = msg.timestamp().to_millis() {
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64);
+                metrics::end_to_end(
+                    &trigger.connection,
+                    &trigger.name,
+                    (now_ms - ts).max(0) as f64 / 1000.0,
+                );
+            }
             tracing::debug!(
                 connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
                 partition = msg.partition(), offset = msg.offset(), "run accepted"
@@ -338,6 +351,9 @@ fn on_decode_error(
 ) -> Step {
     metrics::decode_error(&trigger.connection, &trigger.name, e.class());
     trigger.failed(&format!("cannot decode: {}", e.class()));
+    if matches!(e, DecodeError::Registry(_)) {
+        metrics::registry_error(e.class());
+    }
     tracing::warn!(
         connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
         partition = msg.partition(), offset = msg.offset(), field = ?field,

@@ -19,6 +19,20 @@ pub const DISPATCH_SECONDS: &str = "tessel_kafka_dispatch_duration_seconds";
 pub const RUNS_IN_FLIGHT: &str = "tessel_kafka_runs_in_flight";
 /// Partitions paused for backpressure.
 pub const PAUSED_PARTITIONS: &str = "tessel_kafka_paused_partitions";
+/// Consumer lag: last stable offset minus the group's committed offset.
+pub const CONSUMER_LAG: &str = "tessel_kafka_consumer_lag_messages";
+/// Message timestamp to acceptance of its run.
+pub const END_TO_END_SECONDS: &str = "tessel_kafka_end_to_end_latency_seconds";
+/// Keys and values decoded, by format, and failures by class (DECODE_ERRORS).
+pub const DECODED: &str = "tessel_kafka_messages_decoded_total";
+/// Schema registry requests that failed, by class.
+pub const REGISTRY_ERRORS: &str = "tessel_kafka_registry_errors_total";
+/// Records written by the idempotent producer, by result.
+pub const PRODUCER_DELIVERIES: &str = "tessel_kafka_producer_deliveries_total";
+/// Time from send to the broker's acknowledgement.
+pub const PRODUCER_SECONDS: &str = "tessel_kafka_producer_delivery_duration_seconds";
+/// Whether the connection's brokers are reachable (1) or not (0).
+pub const BROKERS_UP: &str = "tessel_kafka_brokers_up";
 /// Partitions with a backlog and no progress for `stall_after_ms`.
 pub const STALLED_PARTITIONS: &str = "tessel_kafka_stalled_partitions";
 /// Assigned partitions.
@@ -120,4 +134,101 @@ pub fn commit(connection: &str, ok: bool) {
 /// Stalled partitions of a connection.
 pub fn stalled(connection: &str, n: usize) {
     gauge!(STALLED_PARTITIONS, "connection" => connection.to_owned()).set(n as f64);
+}
+
+/// Consumer lag of one partition.
+pub fn consumer_lag(connection: &str, topic: &str, partition: i32, lag: i64) {
+    gauge!(CONSUMER_LAG, "connection" => connection.to_owned(), "topic" => topic.to_owned(), "partition" => partition.to_string()).set(lag as f64);
+}
+
+/// A run was accepted `seconds` after its message's timestamp.
+pub fn end_to_end(connection: &str, trigger: &str, seconds: f64) {
+    histogram!(END_TO_END_SECONDS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned()).record(seconds);
+}
+
+/// A message decoded.
+pub fn decoded(connection: &str, trigger: &str, format: &'static str) {
+    counter!(DECODED, "connection" => connection.to_owned(), "trigger" => trigger.to_owned(), "format" => format).increment(1);
+}
+
+/// A registry lookup failed.
+pub fn registry_error(class: &'static str) {
+    counter!(REGISTRY_ERRORS, "class" => class).increment(1);
+}
+
+/// The idempotent producer finished a write.
+pub fn producer_delivery(connection: &str, ok: bool, seconds: f64) {
+    counter!(PRODUCER_DELIVERIES, "connection" => connection.to_owned(), "result" => if ok { "ok" } else { "error" }).increment(1);
+    histogram!(PRODUCER_SECONDS, "connection" => connection.to_owned()).record(seconds);
+}
+
+/// Broker reachability of a connection.
+pub fn brokers_up(connection: &str, up: bool) {
+    gauge!(BROKERS_UP, "connection" => connection.to_owned()).set(if up { 1.0 } else { 0.0 });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: &[&str] = &[
+        MESSAGES_CONSUMED,
+        DISPATCH_ATTEMPTS,
+        MESSAGES_HANDLED,
+        DECODE_ERRORS,
+        DISPATCH_SECONDS,
+        RUNS_IN_FLIGHT,
+        PAUSED_PARTITIONS,
+        STALLED_PARTITIONS,
+        ASSIGNED_PARTITIONS,
+        REBALANCES,
+        COMMITS,
+        REGISTRY_CACHE,
+        CONSUMER_LAG,
+        END_TO_END_SECONDS,
+        DECODED,
+        REGISTRY_ERRORS,
+        PRODUCER_DELIVERIES,
+        PRODUCER_SECONDS,
+        BROKERS_UP,
+    ];
+
+    #[test]
+    fn names_follow_the_conventions() {
+        for name in ALL {
+            assert!(name.starts_with("tessel_kafka_"), "{name}");
+            let counter = name.ends_with("_total");
+            let unit = ["_seconds", "_messages", "_partitions", "_flight", "_up"]
+                .iter()
+                .any(|u| name.ends_with(u));
+            assert!(counter || unit, "{name} ends in neither _total nor a unit");
+        }
+    }
+
+    #[test]
+    fn dashboards_and_alerts_use_only_exported_metrics() {
+        for file in [
+            "deploy/prometheus/alerts.yml",
+            "deploy/grafana/tessel-kafka.json",
+        ] {
+            let text =
+                std::fs::read_to_string(format!("{}/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+            let mut rest = text.as_str();
+            while let Some(i) = rest.find("tessel_kafka_") {
+                let tail = &rest[i..];
+                let end = tail
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(tail.len());
+                let name = &tail[..end];
+                let base = ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .fold(name, |n, s| n.strip_suffix(s).unwrap_or(n));
+                assert!(
+                    ALL.contains(&base),
+                    "{file} uses {name}, which is not exported"
+                );
+                rest = &tail[end..];
+            }
+        }
+    }
 }

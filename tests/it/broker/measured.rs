@@ -4,6 +4,7 @@
 //!
 //! - Memory stays bounded under a backlog: partitions are paused rather than buffered.
 //! - Keys of one partition run in parallel at close to the ideal rate.
+//! - /readyz follows the broker going away and coming back (it stops the broker).
 //! - A registry outage (the registry process stopped for 30 s) dead-letters nothing; it also
 //!   stalls every other test that needs the registry, another reason to run alone.
 
@@ -277,4 +278,70 @@ async fn a_registry_outage_of_30_seconds_dead_letters_nothing_and_resumes() {
         "nothing dead-lettered because of the outage"
     );
     assert_eq!(d.repeats(), 0);
+}
+
+fn stack_script(args: &[&str]) {
+    let out = Command::new(crate::support::repo().join("scripts/stack"))
+        .args(args)
+        .output()
+        .expect("scripts/stack");
+    assert!(
+        out.status.success(),
+        "scripts/stack {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts the broker again when dropped, so a failing test never leaves it stopped.
+struct RestartBroker;
+
+impl Drop for RestartBroker {
+    fn drop(&mut self) {
+        let _ = Command::new(crate::support::repo().join("scripts/stack"))
+            .arg("start-broker")
+            .output();
+    }
+}
+
+#[tokio::test]
+async fn readiness_follows_the_broker_going_away_and_coming_back() {
+    let topic = unique("readyz");
+    create_topic(&topic, 1).await;
+    let d = dispatcher(Faults::default()).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let toml = connection_toml(&unique("readyz-group"), &topic, &d.url(), "");
+    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}"));
+    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let readyz = move || async move {
+        let resp = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+            .await
+            .ok()?;
+        let status = resp.status().as_u16();
+        Some((status, resp.json::<serde_json::Value>().await.ok()?))
+    };
+    let _ = wait_for_async("ready", Duration::from_secs(60), || async {
+        readyz().await.filter(|r| r.0 == 200)
+    })
+    .await;
+    let restart = RestartBroker;
+    stack_script(&["stop-broker"]);
+    let (_, body) = wait_for_async(
+        "not ready without a broker",
+        Duration::from_secs(60),
+        || async { readyz().await.filter(|r| r.0 == 503) },
+    )
+    .await;
+    assert_eq!(body["connections"]["it"]["brokers_up"], false, "{body}");
+    stack_script(&["start-broker"]);
+    drop(restart);
+    let _ = wait_for_async("ready again", Duration::from_secs(90), || async {
+        readyz().await.filter(|r| r.0 == 200)
+    })
+    .await;
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
 }

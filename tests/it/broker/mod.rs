@@ -3,6 +3,7 @@
 mod demo;
 mod failures;
 mod measured;
+mod operations;
 mod ordering;
 mod pipeline;
 mod restart;
@@ -180,12 +181,13 @@ retry = {{ initial_backoff_ms = 50, max_backoff_ms = 500 }}
     )
 }
 
-/// Starts the `tessel-kafka` binary with `config`; its log goes to `stderr`.
+/// Starts the `tessel-kafka` binary with `config` (its `[log]` section decides the level); its
+/// log goes to `stderr`.
 pub fn spawn_daemon(config: &std::path::Path, stderr: Stdio) -> std::process::Child {
     std::process::Command::new(crate::support::binary())
         .args(["run", "--config"])
         .arg(config)
-        .env("RUST_LOG", "info")
+        .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
