@@ -11,6 +11,7 @@ use rdkafka::message::{Headers, Message};
 use serde_json::{json, Value};
 use tessel_kafka::dev_dispatcher::Faults;
 
+use super::produce_keyed;
 use super::{
     committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
     spawn_daemon, Connector,
@@ -73,24 +74,13 @@ pub async fn read_topic(topic: &str, count: usize) -> Vec<DeadLetter> {
     .unwrap()
 }
 
-async fn produce_json(topic: &str, n: usize) {
-    let records: Vec<Value> = (0..n)
-        .map(|i| json!({"key": format!("k{i}"), "value": {"i": i}}))
-        .collect();
-    let _ = reference_produce(json!({
-        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"}, "value": {"format": "json"},
-        "steps": [{"txn": null, "records": records}]
-    }))
-    .await;
-}
-
 #[tokio::test]
 async fn each_dispatcher_status_leads_to_its_documented_outcome() {
     let topic = unique("statuses");
     let dlq = unique("statuses-dlq");
     create_topic(&topic, 1).await;
     create_topic(&dlq, 1).await;
-    produce_json(&topic, 9).await;
+    produce_keyed(&topic, 0, 9, 9).await;
     let group = unique("statuses-group");
     let key = |o: i64| format!("kafka:{group}:{topic}:0:{o}");
     let script: HashMap<String, Vec<u16>> = [
@@ -207,7 +197,7 @@ async fn each_dispatcher_status_leads_to_its_documented_outcome() {
 async fn backoff_grows_and_stops_at_its_cap() {
     let topic = unique("backoff");
     create_topic(&topic, 1).await;
-    produce_json(&topic, 1).await;
+    produce_keyed(&topic, 0, 1, 1).await;
     let group = unique("backoff-group");
     let key = format!("kafka:{group}:{topic}:0:0");
     let d = dispatcher(Faults {
@@ -392,7 +382,7 @@ async fn a_dispatcher_down_for_60_seconds_loses_nothing_and_keeps_the_group() {
         "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n{toml}"
     ));
     let mut daemon = spawn_daemon(&config, Stdio::null());
-    produce_json(&topic, 200).await;
+    produce_keyed(&topic, 0, 200, 200).await;
     wait_for("dispatch attempts failing", Duration::from_secs(30), || {
         (d.attempts() > 50).then_some(())
     })
@@ -442,7 +432,7 @@ async fn a_dead_letter_write_refused_by_an_acl_is_not_committed_and_says_why() {
     let forbidden = unique("forbidden-dlq");
     create_topic(&topic, 1).await;
     create_topic(&forbidden, 1).await;
-    produce_json(&topic, 3).await;
+    produce_keyed(&topic, 0, 3, 3).await;
     let d = dispatcher(Faults {
         fail_all: Some(422),
         ..Faults::default()
@@ -518,7 +508,7 @@ dispatcher = {{ url = "{}" }}
 async fn a_stalled_partition_is_reported_with_its_reason_until_it_moves_again() {
     let topic = unique("stall");
     create_topic(&topic, 1).await;
-    produce_json(&topic, 5).await;
+    produce_keyed(&topic, 0, 5, 5).await;
     let group = unique("stall-group");
     let stuck = format!("kafka:{group}:{topic}:0:2");
     let d = dispatcher(Faults {

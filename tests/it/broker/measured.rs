@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tessel_kafka::dev_dispatcher::Faults;
 
-use super::ordering::{assert_per_key_order, produce_keyed};
+use super::ordering::assert_per_key_order;
+use super::produce_keyed;
 use super::{
     committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
     spawn_daemon, Connector,

@@ -4,10 +4,10 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tessel_kafka::dev_dispatcher::Faults;
 
-use super::{connection_toml, create_topic, dispatcher, reference_produce, spawn_daemon};
+use super::{connection_toml, create_topic, dispatcher, produce_keyed, spawn_daemon};
 use crate::support::{stack, temp_config, unique, wait_for, wait_for_async};
 
 /// Sum of the samples of `name` whose labels contain every `labels` pair.
@@ -58,14 +58,7 @@ async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
     );
     let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}"));
     let mut daemon = spawn_daemon(&config, Stdio::null());
-    let records: Vec<Value> = (0..3000)
-        .map(|i| json!({"key": format!("k{}", i % 50), "value": {"i": i}}))
-        .collect();
-    let _ = reference_produce(json!({
-        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"}, "value": {"format": "json"},
-        "steps": [{"txn": null, "records": records}]
-    }))
-    .await;
+    produce_keyed(&topic, 0, 3000, 50).await;
     let lag = |text: &str| {
         metric_sum(
             text,
@@ -173,14 +166,7 @@ dispatcher = {{ url = "{}", token = "{token}" }}
     ));
     let log = std::env::temp_dir().join(format!("{}.log", unique("logs")));
     let mut daemon = spawn_daemon(&config, std::fs::File::create(&log).unwrap().into());
-    let records: Vec<Value> = (0..3)
-        .map(|i| json!({"key": format!("k{i}"), "value": {"i": i}}))
-        .collect();
-    let _ = reference_produce(json!({
-        "bootstrap": s.bootstrap, "topic": topic, "key": {"format": "string"}, "value": {"format": "json"},
-        "steps": [{"txn": null, "records": records}]
-    }))
-    .await;
+    produce_keyed(&topic, 0, 3, 3).await;
     wait_for("3 runs", Duration::from_secs(60), || {
         (d.accepted() == 3).then_some(())
     })

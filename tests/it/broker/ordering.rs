@@ -5,26 +5,14 @@ use std::collections::{BTreeMap, HashSet};
 use std::process::Stdio;
 use std::time::Duration;
 
-use serde_json::{json, Value};
 use tessel_kafka::dev_dispatcher::{AcceptedRun, Faults};
 
 use super::{
     assert_all_once, committed, connection_toml, create_topic, dispatcher, high_watermarks,
-    reference_produce, spawn_daemon, Connector,
+    spawn_daemon, Connector,
 };
+use super::{assert_none_lost, produce_keyed};
 use crate::support::{stack, temp_config, unique, wait_for};
-
-pub(super) async fn produce_keyed(topic: &str, from: usize, to: usize, keys: usize) {
-    let records: Vec<Value> = (from..to)
-        .map(|i| json!({"key": format!("k{}", i % keys), "value": {"i": i}}))
-        .collect();
-    let _ = reference_produce(json!({
-        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"}, "value": {"format": "json"},
-        "kafka": {"linger.ms": 20, "batch.num.messages": 10000},
-        "steps": [{"txn": null, "records": records}]
-    }))
-    .await;
-}
 
 /// Per key, the values `i` in acceptance order; asserts they increase.
 pub(super) fn assert_per_key_order(runs: &[AcceptedRun]) {
@@ -238,11 +226,5 @@ async fn sigkill_loses_nothing_and_repeats_at_most_the_runs_in_flight() {
         "offered again: {}, more than the {in_flight} in flight at the kill",
         d.repeats()
     );
-    let mut seen: Vec<i64> = d
-        .runs()
-        .iter()
-        .map(|r| r.event["value"]["i"].as_i64().unwrap())
-        .collect();
-    seen.sort_unstable();
-    assert_eq!(seen, (0..3000).collect::<Vec<_>>(), "nothing lost");
+    assert_none_lost(&d, 3000);
 }

@@ -4,11 +4,10 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use serde_json::json;
 use tessel_kafka::dev_dispatcher::Faults;
 
 use super::{
-    assert_all_once, committed, create_topic, dispatcher, high_watermarks, reference_produce,
+    assert_all_once, committed, create_topic, dispatcher, high_watermarks, produce_keyed,
     spawn_daemon,
 };
 use crate::support::{stack, temp_config, unique, wait_for};
@@ -30,22 +29,11 @@ async fn terminate(mut child: Child) {
     );
 }
 
-async fn produce(topic: &str, from: usize, to: usize) {
-    let records: Vec<_> = (from..to)
-        .map(|i| json!({"key": format!("k{}", i % 100), "value": {"i": i}}))
-        .collect();
-    let _ = reference_produce(json!({
-        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"}, "value": {"format": "json"},
-        "steps": [{"txn": null, "records": records}]
-    }))
-    .await;
-}
-
 #[tokio::test]
 async fn sigterm_and_restart_dispatch_every_message_exactly_once() {
     let topic = unique("restart");
     create_topic(&topic, 4).await;
-    produce(&topic, 0, 2000).await;
+    produce_keyed(&topic, 0, 2000, 100).await;
     let d = dispatcher(Faults {
         latency_ms: (0, 20),
         ..Faults::default()
@@ -81,7 +69,7 @@ dispatcher = {{ url = "{}" }}
         at_stop < 2000,
         "the test wants runs in flight at SIGTERM; all {at_stop} were done"
     );
-    produce(&topic, 2000, 2500).await;
+    produce_keyed(&topic, 2000, 2500, 100).await;
     let daemon = spawn_daemon(&config, Stdio::inherit());
     wait_for("2500 runs", Duration::from_secs(120), || {
         (d.accepted() >= 2500).then_some(())

@@ -9,10 +9,9 @@ use serde_json::{json, Value};
 use tessel_kafka::dev_dispatcher::Faults;
 
 use super::{
-    committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
-    Connector,
+    committed, connection_toml, create_topic, dispatcher, high_watermarks, produce_keyed, Connector,
 };
-use crate::support::{binary, stack, temp_config, unique, wait_for};
+use crate::support::{binary, temp_config, unique, wait_for};
 
 async fn cli(args: &[&str], config: &std::path::Path) -> Output {
     let mut cmd = Command::new(binary());
@@ -28,14 +27,7 @@ async fn offsets_show_reset_and_dead_letter_replay_work_and_reset_waits_for_an_i
     let dlq = unique("tools-dlq");
     create_topic(&topic, 1).await;
     create_topic(&dlq, 1).await;
-    let records: Vec<Value> = (0..5)
-        .map(|i| json!({"key": format!("k{i}"), "value": {"i": i}}))
-        .collect();
-    let _ = reference_produce(json!({
-        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"}, "value": {"format": "json"},
-        "steps": [{"txn": null, "records": records}]
-    }))
-    .await;
+    produce_keyed(&topic, 0, 5, 5).await;
     let group = unique("tools-group");
     let rejected = format!("kafka:{group}:{topic}:0:1");
     let d = dispatcher(Faults {
