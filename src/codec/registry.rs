@@ -279,7 +279,7 @@ impl Inner {
             }
         };
         let references = self.fetch_references(id, &root.references).await?;
-        let kind = compile(id, schema_type, &root.schema, &root.references, &references)?;
+        let kind = compile(id, schema_type, &root.schema, &references)?;
         // Subject and version are informative; a registry that cannot say is fine.
         let subjects = self
             .get_json::<Vec<SubjectVersion>>(&format!("/schemas/ids/{id}/versions"), id)
@@ -385,7 +385,6 @@ fn compile(
     id: u32,
     schema_type: SchemaType,
     text: &str,
-    direct: &[Reference],
     references: &[(String, SchemaResponse)],
 ) -> Result<CompiledSchema, RegistryError> {
     let invalid = |reason: String| RegistryError::Invalid { id, reason };
@@ -407,7 +406,6 @@ fn compile(
             Ok(CompiledSchema::Json { schema })
         }
         SchemaType::Protobuf => {
-            let _ = direct;
             let main_name = format!("tessel-registry-schema-{id}.proto");
             let mut files = HashMap::new();
             for (name, r) in references {
@@ -512,7 +510,7 @@ mod tests {
     fn compiles_proto_text_with_a_well_known_import() {
         let text = r#"syntax = "proto3"; package t; import "google/protobuf/timestamp.proto";
             message A { int32 x = 1; } message B { google.protobuf.Timestamp at = 1; A a = 2; }"#;
-        let compiled = compile(5, SchemaType::Protobuf, text, &[], &[]).unwrap();
+        let compiled = compile(5, SchemaType::Protobuf, text, &[]).unwrap();
         let CompiledSchema::Protobuf { file } = compiled else {
             panic!()
         };
@@ -532,7 +530,7 @@ mod tests {
                 references: vec![],
             },
         )];
-        let compiled = compile(9, SchemaType::Avro, parent, &[], &refs).unwrap();
+        let compiled = compile(9, SchemaType::Avro, parent, &refs).unwrap();
         assert!(matches!(compiled, CompiledSchema::Avro { .. }));
     }
 }
