@@ -125,3 +125,11 @@ pub fn temp_config(text: &str) -> PathBuf {
     std::fs::write(&path, text).expect("write config");
     path
 }
+
+/// A TCP port free on 127.0.0.1 right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}

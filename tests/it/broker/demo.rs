@@ -4,22 +4,17 @@ use std::process::Command;
 
 use crate::support::{binary, repo};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test]
 async fn demo_script_shows_runs_starting() {
     let out = tokio::task::spawn_blocking(|| {
         Command::new(repo().join("scripts/demo"))
             .arg("--check")
             .env("TESSEL_KAFKA_BIN", binary())
-            .env("DEMO_DISPATCHER_PORT", free_port().to_string())
-            .env("DEMO_ADMIN_PORT", free_port().to_string())
+            .env(
+                "DEMO_DISPATCHER_PORT",
+                crate::support::free_port().to_string(),
+            )
+            .env("DEMO_ADMIN_PORT", crate::support::free_port().to_string())
             .env("DEMO_COUNT", "12")
             .output()
             .expect("run scripts/demo")

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use tessel_kafka::dev_dispatcher::Faults;
 
 use super::produce_keyed;
+use super::sasl_ssl_kafka_table;
 use super::{
     committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
     spawn_daemon, Connector,
@@ -367,11 +368,7 @@ async fn a_dispatcher_down_for_60_seconds_loses_nothing_and_keeps_the_group() {
         ..Faults::default()
     })
     .await;
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let admin_port = crate::support::free_port();
     let group = unique("dispatcher-down-group");
     // The default policy, with a dead-letter topic available to prove nothing is sent there;
     // a short poll interval would evict a consumer that stopped polling while it waits.
@@ -439,19 +436,12 @@ async fn a_dead_letter_write_refused_by_an_acl_is_not_committed_and_says_why() {
     })
     .await;
     let group = unique(&format!("{}dlq-acl-group", s.acl_prefix));
+    let kafka = sasl_ssl_kafka_table(&s.limited_user, &s.limited_password, &group);
     let config = temp_config(&format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
-[connections.it.kafka]
-"bootstrap.servers" = "{}"
-"security.protocol" = "SASL_SSL"
-"sasl.mechanism" = "SCRAM-SHA-512"
-"sasl.username" = "{}"
-"sasl.password" = "{}"
-"ssl.ca.location" = "{}"
-"group.id" = "{group}"
-[connections.it.triggers.main]
+{kafka}[connections.it.triggers.main]
 topics = ["{topic}"]
 workflow = "wf"
 on_error = "dead_letter"
@@ -459,10 +449,6 @@ dead_letter_topic = "{forbidden}"
 retry = {{ initial_backoff_ms = 200, max_backoff_ms = 1000 }}
 dispatcher = {{ url = "{}" }}
 "#,
-        s.bootstrap_sasl_ssl,
-        s.limited_user,
-        s.limited_password,
-        s.ca_pem,
         d.url()
     ));
     let log = std::env::temp_dir().join(format!("{}.log", unique("dlq-acl")));
@@ -517,11 +503,7 @@ async fn a_stalled_partition_is_reported_with_its_reason_until_it_moves_again() 
         ..Faults::default()
     })
     .await;
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let admin_port = crate::support::free_port();
     let toml = connection_toml(&group, &topic, &d.url(), "").replace(
         "drain_timeout_ms = 10000\n",
         "drain_timeout_ms = 10000\nstall_after_ms = 1500\n",

@@ -51,11 +51,7 @@ async fn a_million_message_backlog_keeps_memory_bounded() {
         ..Faults::default()
     })
     .await;
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let admin_port = crate::support::free_port();
     let config = temp_config(&format!(
         "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n{}",
         connection_toml(
@@ -309,11 +305,7 @@ async fn readiness_follows_the_broker_going_away_and_coming_back() {
     let topic = unique("readyz");
     create_topic(&topic, 1).await;
     let d = dispatcher(Faults::default()).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let toml = connection_toml(&unique("readyz-group"), &topic, &d.url(), "");
     let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}"));
     let mut daemon = spawn_daemon(&config, Stdio::null());

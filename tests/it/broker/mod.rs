@@ -232,3 +232,21 @@ pub fn assert_none_lost(d: &DevDispatcher, n: usize) {
         "every message once"
     );
 }
+
+/// The `[connections.it.kafka]` table for the SASL_SSL listener as `user`.
+pub fn sasl_ssl_kafka_table(user: &str, password: &str, group: &str) -> String {
+    let s = stack();
+    format!(
+        r#"[connections.it.kafka]
+"bootstrap.servers" = "{}"
+"security.protocol" = "SASL_SSL"
+"sasl.mechanism" = "SCRAM-SHA-512"
+"sasl.username" = "{user}"
+"sasl.password" = "{password}"
+"ssl.ca.location" = "{}"
+"group.id" = "{group}"
+"auto.offset.reset" = "earliest"
+"#,
+        s.bootstrap_sasl_ssl, s.ca_pem
+    )
+}

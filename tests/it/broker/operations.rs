@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tessel_kafka::dev_dispatcher::Faults;
 
+use super::sasl_ssl_kafka_table;
 use super::{connection_toml, create_topic, dispatcher, produce_keyed, spawn_daemon};
 use crate::support::{stack, temp_config, unique, wait_for, wait_for_async};
 
@@ -41,11 +42,7 @@ async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
         ..Faults::default()
     })
     .await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let toml = connection_toml(
         &unique("metrics-group"),
         &topic,
@@ -137,6 +134,7 @@ async fn logs_carry_message_coordinates_and_no_secret() {
     .await;
     let token = format!("tok-{}", unique("secret"));
     let group = unique("logs-group");
+    let kafka = sasl_ssl_kafka_table(&s.admin_user, &s.admin_password, &group);
     let config = temp_config(&format!(
         r#"
 [server]
@@ -144,24 +142,11 @@ listen = "127.0.0.1:0"
 [log]
 format = "json"
 level = "info,tessel_kafka=debug"
-[connections.it.kafka]
-"bootstrap.servers" = "{}"
-"security.protocol" = "SASL_SSL"
-"sasl.mechanism" = "SCRAM-SHA-512"
-"sasl.username" = "{}"
-"sasl.password" = "{}"
-"ssl.ca.location" = "{}"
-"group.id" = "{group}"
-"auto.offset.reset" = "earliest"
-[connections.it.triggers.main]
+{kafka}[connections.it.triggers.main]
 topics = ["{topic}"]
 workflow = "wf"
 dispatcher = {{ url = "{}", token = "{token}" }}
 "#,
-        s.bootstrap_sasl_ssl,
-        s.admin_user,
-        s.admin_password,
-        s.ca_pem,
         d.url()
     ));
     let log = std::env::temp_dir().join(format!("{}.log", unique("logs")));
