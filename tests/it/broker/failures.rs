@@ -15,7 +15,7 @@ use super::produce_keyed;
 use super::sasl_ssl_kafka_table;
 use super::{
     committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
-    spawn_daemon, Connector,
+    spawn_daemon, wait_committed_to_end, Connector,
 };
 use crate::support::{stack, temp_config, unique, wait_for};
 
@@ -324,11 +324,7 @@ async fn a_flood_of_malformed_payloads_is_dead_lettered_and_the_rest_dispatched(
     })
     .await;
     let dead = read_topic(&dlq, 4000).await;
-    let hwm = high_watermarks(&topic, 4);
-    wait_for("commits at the end", Duration::from_secs(60), || {
-        (committed(&group, &topic, 4) == hwm).then_some(())
-    })
-    .await;
+    wait_committed_to_end(&group, &topic, 4).await;
     connector.stop().await;
     assert_eq!(d.accepted(), 1001);
     assert!(d
@@ -392,11 +388,7 @@ async fn a_dispatcher_down_for_60_seconds_loses_nothing_and_keeps_the_group() {
         || (d.accepted() == 200).then_some(()),
     )
     .await;
-    let hwm = high_watermarks(&topic, 2);
-    wait_for("commits at the end", Duration::from_secs(30), || {
-        (committed(&group, &topic, 2) == hwm).then_some(())
-    })
-    .await;
+    wait_committed_to_end(&group, &topic, 2).await;
     let metrics = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics"))
         .await
         .unwrap()

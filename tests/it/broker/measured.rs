@@ -4,6 +4,8 @@
 //!
 //! - Memory stays bounded under a backlog: partitions are paused rather than buffered.
 //! - Keys of one partition run in parallel at close to the ideal rate.
+//! - SIGKILL re-offers no more runs than were in flight: commits follow acceptance within
+//!   about 10 ms plus a round trip, which only holds while the machine is not saturated.
 //! - /readyz follows the broker going away and coming back (it stops the broker).
 //! - A registry outage (the registry process stopped for 30 s) dead-letters nothing; it also
 //!   stalls every other test that needs the registry, another reason to run alone.
@@ -17,8 +19,8 @@ use tessel_kafka::dev_dispatcher::Faults;
 use super::ordering::assert_per_key_order;
 use super::produce_keyed;
 use super::{
-    committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
-    spawn_daemon, Connector,
+    assert_none_lost, connection_toml, create_topic, dispatcher, high_watermarks,
+    reference_produce, spawn_daemon, wait_committed_to_end, Connector,
 };
 use crate::support::{stack, temp_config, unique, wait_for, wait_for_async};
 
@@ -263,11 +265,7 @@ async fn a_registry_outage_of_30_seconds_dead_letters_nothing_and_resumes() {
         || (d.accepted() == 200).then_some(()),
     )
     .await;
-    let hwm = high_watermarks(&topic, 2);
-    wait_for("commits at the end", Duration::from_secs(30), || {
-        (committed(&group, &topic, 2) == hwm).then_some(())
-    })
-    .await;
+    wait_committed_to_end(&group, &topic, 2).await;
     connector.stop().await;
     assert_eq!(
         high_watermarks(&dlq, 1),
@@ -337,4 +335,52 @@ async fn readiness_follows_the_broker_going_away_and_coming_back() {
     .await;
     daemon.kill().unwrap();
     let _ = daemon.wait();
+}
+
+#[tokio::test]
+async fn sigkill_loses_nothing_and_repeats_at_most_the_runs_in_flight() {
+    let topic = unique("sigkill");
+    create_topic(&topic, 4).await;
+    produce_keyed(&topic, 0, 3000, 100).await;
+    let d = dispatcher(Faults {
+        latency_ms: (20, 60),
+        ..Faults::default()
+    })
+    .await;
+    let group = unique("sigkill-group");
+    // A short session timeout lets the restarted daemon get the killed one's partitions soon.
+    let toml = connection_toml(&group, &topic, &d.url(), "concurrency = 32").replace(
+        "\"auto.offset.reset\" = \"earliest\"\n",
+        "\"auto.offset.reset\" = \"earliest\"\n\"session.timeout.ms\" = \"6000\"\n",
+    );
+    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
+    let spawn = || spawn_daemon(&config, Stdio::null());
+    let mut daemon = spawn();
+    wait_for("500 runs", Duration::from_secs(90), || {
+        (d.accepted() >= 500).then_some(())
+    })
+    .await;
+    let in_flight = d.in_flight();
+    daemon.kill().expect("SIGKILL");
+    let _ = daemon.wait();
+    let accepted_at_kill = d.accepted();
+    assert!(accepted_at_kill < 3000);
+    let mut daemon = spawn();
+    wait_for("3000 runs", Duration::from_secs(120), || {
+        (d.accepted() >= 3000).then_some(())
+    })
+    .await;
+    wait_committed_to_end(&group, &topic, 4).await;
+    daemon.kill().expect("kill");
+    let _ = daemon.wait();
+    eprintln!(
+        "SIGKILL: {in_flight} runs in flight at the kill, {} offered again",
+        d.repeats()
+    );
+    assert!(
+        d.repeats() as usize <= in_flight,
+        "offered again: {}, more than the {in_flight} in flight at the kill",
+        d.repeats()
+    );
+    assert_none_lost(&d, 3000);
 }

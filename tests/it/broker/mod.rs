@@ -250,3 +250,16 @@ pub fn sasl_ssl_kafka_table(user: &str, password: &str, group: &str) -> String {
         s.bootstrap_sasl_ssl, s.ca_pem
     )
 }
+
+/// Waits until `group` has committed up to the end of every partition of `topic`, and returns
+/// those end offsets.
+pub async fn wait_committed_to_end(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    let hwm = high_watermarks(topic, partitions);
+    crate::support::wait_for(
+        "commits at the end of every partition",
+        Duration::from_secs(30),
+        || (committed(group, topic, partitions) == hwm).then_some(()),
+    )
+    .await;
+    hwm
+}

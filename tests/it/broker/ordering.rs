@@ -2,17 +2,16 @@
 //! no head-of-line blocking, rebalances and crashes without loss or repeats.
 
 use std::collections::{BTreeMap, HashSet};
-use std::process::Stdio;
 use std::time::Duration;
 
 use tessel_kafka::dev_dispatcher::{AcceptedRun, Faults};
 
+use super::produce_keyed;
 use super::{
-    assert_all_once, committed, connection_toml, create_topic, dispatcher, high_watermarks,
-    spawn_daemon, Connector,
+    assert_all_once, committed, connection_toml, create_topic, dispatcher, wait_committed_to_end,
+    Connector,
 };
-use super::{assert_none_lost, produce_keyed};
-use crate::support::{stack, temp_config, unique, wait_for};
+use crate::support::{stack, unique, wait_for};
 
 /// Per key, the values `i` in acceptance order; asserts they increase.
 pub(super) fn assert_per_key_order(runs: &[AcceptedRun]) {
@@ -47,11 +46,7 @@ async fn same_key_in_order_other_keys_in_parallel_within_the_limit() {
         (d.accepted() >= 10_000).then_some(())
     })
     .await;
-    let hwm = high_watermarks(&topic, 4);
-    wait_for("commits at the end", Duration::from_secs(30), || {
-        (committed(&group, &topic, 4) == hwm).then_some(())
-    })
-    .await;
+    wait_committed_to_end(&group, &topic, 4).await;
     connector.stop().await;
     assert!(
         d.max_in_flight() <= 64,
@@ -150,11 +145,7 @@ async fn rebalance_hands_over(protocol: &str) {
         (d.accepted() >= 2400).then_some(())
     })
     .await;
-    let hwm = high_watermarks(&topic, 6);
-    wait_for("commits at the end", Duration::from_secs(30), || {
-        (committed(&group, &topic, 6) == hwm).then_some(())
-    })
-    .await;
+    wait_committed_to_end(&group, &topic, 6).await;
     b.stop().await;
     assert_per_key_order(&d.runs());
     assert_all_once(&d, 2400);
@@ -175,56 +166,4 @@ async fn rebalance_with_the_kip_848_protocol_loses_and_repeats_nothing() {
         return;
     }
     rebalance_hands_over("consumer").await;
-}
-
-#[tokio::test]
-async fn sigkill_loses_nothing_and_repeats_at_most_the_runs_in_flight() {
-    let topic = unique("sigkill");
-    create_topic(&topic, 4).await;
-    produce_keyed(&topic, 0, 3000, 100).await;
-    let d = dispatcher(Faults {
-        latency_ms: (20, 60),
-        ..Faults::default()
-    })
-    .await;
-    let group = unique("sigkill-group");
-    // A short session timeout lets the restarted daemon get the killed one's partitions soon.
-    let toml = connection_toml(&group, &topic, &d.url(), "concurrency = 32").replace(
-        "\"auto.offset.reset\" = \"earliest\"\n",
-        "\"auto.offset.reset\" = \"earliest\"\n\"session.timeout.ms\" = \"6000\"\n",
-    );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
-    let spawn = || spawn_daemon(&config, Stdio::null());
-    let mut daemon = spawn();
-    wait_for("500 runs", Duration::from_secs(90), || {
-        (d.accepted() >= 500).then_some(())
-    })
-    .await;
-    let in_flight = d.in_flight();
-    daemon.kill().expect("SIGKILL");
-    let _ = daemon.wait();
-    let accepted_at_kill = d.accepted();
-    assert!(accepted_at_kill < 3000);
-    let mut daemon = spawn();
-    wait_for("3000 runs", Duration::from_secs(120), || {
-        (d.accepted() >= 3000).then_some(())
-    })
-    .await;
-    let hwm = high_watermarks(&topic, 4);
-    wait_for("commits at the end", Duration::from_secs(30), || {
-        (committed(&group, &topic, 4) == hwm).then_some(())
-    })
-    .await;
-    daemon.kill().expect("kill");
-    let _ = daemon.wait();
-    eprintln!(
-        "SIGKILL: {in_flight} runs in flight at the kill, {} offered again",
-        d.repeats()
-    );
-    assert!(
-        d.repeats() as usize <= in_flight,
-        "offered again: {}, more than the {in_flight} in flight at the kill",
-        d.repeats()
-    );
-    assert_none_lost(&d, 3000);
 }

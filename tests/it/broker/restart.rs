@@ -7,8 +7,7 @@ use std::time::Duration;
 use tessel_kafka::dev_dispatcher::Faults;
 
 use super::{
-    assert_all_once, committed, create_topic, dispatcher, high_watermarks, produce_keyed,
-    spawn_daemon,
+    assert_all_once, create_topic, dispatcher, produce_keyed, spawn_daemon, wait_committed_to_end,
 };
 use crate::support::{stack, temp_config, unique, wait_for};
 
@@ -75,11 +74,7 @@ dispatcher = {{ url = "{}" }}
         (d.accepted() >= 2500).then_some(())
     })
     .await;
-    let hwm = high_watermarks(&topic, 4);
-    wait_for("commits at the end", Duration::from_secs(30), || {
-        (committed(&group, &topic, 4) == hwm).then_some(())
-    })
-    .await;
+    let _hwm = wait_committed_to_end(&group, &topic, 4).await;
     terminate(daemon).await;
     assert_eq!(d.accepted(), 2500, "every message once");
     assert_all_once(&d, 2500);

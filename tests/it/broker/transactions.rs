@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{
-    committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
+    committed, connection_toml, create_topic, dispatcher, reference_produce, wait_committed_to_end,
     Connector,
 };
 use crate::support::{stack, unique, wait_for};
@@ -48,13 +48,7 @@ async fn only_committed_messages_start_runs_and_commits_reach_the_end() {
         || (d.accepted() >= expected.len()).then_some(()),
     )
     .await;
-    let hwm = high_watermarks(&topic, 2);
-    wait_for(
-        "committed offsets at the end of both partitions",
-        Duration::from_secs(30),
-        || (committed(&group, &topic, 2) == hwm).then_some(()),
-    )
-    .await;
+    let hwm = wait_committed_to_end(&group, &topic, 2).await;
     connector.stop().await;
     let got: BTreeSet<String> = d
         .runs()
