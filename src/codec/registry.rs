@@ -191,15 +191,76 @@ impl std::fmt::Debug for RegistryClient {
     }
 }
 
+/// Why a registry client could not be built.
+#[derive(Debug, Error)]
+pub enum RegistryClientError {
+    /// A TLS file could not be read.
+    #[error("cannot read {what} {path}: {source}")]
+    File {
+        /// Which file.
+        what: &'static str,
+        /// Its path.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A certificate or key is not usable PEM.
+    #[error("{what} {path} is not a usable PEM file: {source}")]
+    Pem {
+        /// Which file.
+        what: &'static str,
+        /// Its path.
+        path: String,
+        /// reqwest's error.
+        source: reqwest::Error,
+    },
+    /// The HTTP client could not be built.
+    #[error("cannot build the registry's HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+fn read_pem(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, RegistryClientError> {
+    std::fs::read(path).map_err(|source| RegistryClientError::File {
+        what,
+        path: path.display().to_string(),
+        source,
+    })
+}
+
 impl RegistryClient {
-    /// Builds the client (one pooled HTTP client per registry).
-    pub fn try_new(config: &RegistryConfig) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
+    /// Builds the client (one pooled HTTP client per registry), with the configured CA and
+    /// client certificate when given.
+    pub fn try_new(config: &RegistryConfig) -> Result<Self, RegistryClientError> {
+        let mut builder = reqwest::Client::builder()
             .timeout(Duration::from_millis(config.timeout_ms))
             .connect_timeout(Duration::from_millis(config.timeout_ms.min(5_000)))
             .pool_idle_timeout(Duration::from_secs(90))
-            .user_agent(concat!("tessel-kafka/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+            .user_agent(concat!("tessel-kafka/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = &config.ca_location {
+            let pem = read_pem("registry CA", path)?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| {
+                RegistryClientError::Pem {
+                    what: "registry CA",
+                    path: path.display().to_string(),
+                    source,
+                }
+            })?;
+            // Only the configured CA signs the registry's certificate.
+            builder = builder.tls_certs_only(certs);
+        }
+        if let (Some(cert), Some(key)) = (&config.certificate_location, &config.key_location) {
+            let mut pem = read_pem("registry client certificate", cert)?;
+            pem.push(b'\n');
+            pem.extend(read_pem("registry client key", key)?);
+            let identity =
+                reqwest::Identity::from_pem(&pem).map_err(|source| RegistryClientError::Pem {
+                    what: "registry client certificate",
+                    path: cert.display().to_string(),
+                    source,
+                })?;
+            builder = builder.identity(identity);
+        }
+        let http = builder.build()?;
         let auth = match (&config.username, &config.password, &config.bearer_token) {
             (_, _, Some(token)) => Auth::Bearer(token.expose().to_owned()),
             (Some(user), password, None) => Auth::Basic(

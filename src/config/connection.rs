@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::secret::{is_secret_property, Secret, REDACTED};
-use super::trigger::TriggerConfig;
+use super::security::{self, AwsIamConfig, KafkaAuth};
+use super::trigger::{ErrorPolicy, TriggerConfig};
 use super::ConfigError;
 
 /// One Kafka connection: a consumer in a group over the union of its triggers' topics.
@@ -44,6 +45,17 @@ pub struct ConnectionConfig {
     /// paused. Default 67108864 (64 MiB).
     #[serde(default = "default_max_buffered_bytes")]
     pub max_buffered_bytes: usize,
+    /// Amazon MSK IAM credentials and region, used with `"sasl.mechanism" = "AWS_MSK_IAM"`
+    /// (see [`AwsIamConfig`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws: Option<AwsIamConfig>,
+    /// Topics the connection writes to besides dead-letter topics (a produce grant). Each
+    /// needs WRITE for the connection's principal.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub produce_topics: Vec<String>,
+    /// What the loader translated from Java client properties (logged at start).
+    #[serde(skip)]
+    pub notices: Vec<String>,
 }
 
 /// Schema Registry access (Confluent API; Apicurio's `/apis/ccompat/v7` works too).
@@ -62,6 +74,15 @@ pub struct RegistryConfig {
     /// Bearer token, instead of basic auth.
     #[serde(default)]
     pub bearer_token: Option<Secret>,
+    /// CA certificates (PEM) that sign the registry's certificate, instead of the system's.
+    #[serde(default)]
+    pub ca_location: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for mTLS; needs `key_location`.
+    #[serde(default)]
+    pub certificate_location: Option<std::path::PathBuf>,
+    /// Client private key (PEM, unencrypted) for mTLS.
+    #[serde(default)]
+    pub key_location: Option<std::path::PathBuf>,
     /// Timeout of one registry request. Default 10000.
     #[serde(default = "default_registry_timeout_ms")]
     pub timeout_ms: u64,
@@ -121,8 +142,56 @@ const OWNED_PROPERTIES: &[(&str, &str, &str)] = &[
 ];
 
 impl ConnectionConfig {
+    /// Translates Java client properties into librdkafka's (see [`security`]) and records a
+    /// notice for each translation.
+    pub(super) fn normalize(&mut self, name: &str) -> Result<(), ConfigError> {
+        self.notices = security::normalize(&mut self.kafka, &mut self.aws).map_err(|e| {
+            ConfigError::invalid(format!("connections.{name}.kafka"), e.to_string())
+        })?;
+        Ok(())
+    }
+
+    /// How the connection authenticates (valid after loading).
+    pub fn auth(&self) -> Result<KafkaAuth, security::SecurityError> {
+        security::auth_of(&self.kafka, self.aws.as_ref())
+    }
+
+    /// Topics the connection writes to: every trigger's dead-letter topic and the
+    /// `produce_topics` grant. The principal needs WRITE on each; an empty set means the
+    /// connection never produces.
+    pub fn produced_topics(&self) -> BTreeSet<&str> {
+        self.triggers
+            .values()
+            .filter_map(|t| t.dead_letter_topic.as_deref())
+            .chain(self.produce_topics.iter().map(String::as_str))
+            .collect()
+    }
+
+    /// Whether any trigger dead-letters (the connection then runs an idempotent producer).
+    pub fn dead_letters(&self) -> bool {
+        self.triggers
+            .values()
+            .any(|t| t.on_error == ErrorPolicy::DeadLetter)
+    }
+
     pub(super) fn validate(&self, name: &str) -> Result<(), ConfigError> {
         let key = |k: &str| format!("connections.{name}.{k}");
+        self.auth()
+            .map_err(|e| ConfigError::invalid(key("kafka"), e.to_string()))?;
+        if let Some(r) = &self.schema_registry {
+            if r.certificate_location.is_some() != r.key_location.is_some() {
+                return Err(ConfigError::invalid(
+                    key("schema_registry"),
+                    "certificate_location and key_location go together (registry mTLS)",
+                ));
+            }
+            if r.bearer_token.is_some() && (r.username.is_some() || r.password.is_some()) {
+                return Err(ConfigError::invalid(
+                    key("schema_registry"),
+                    "bearer_token and username/password are exclusive",
+                ));
+            }
+        }
         if !name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')

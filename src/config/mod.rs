@@ -11,6 +11,7 @@
 mod connection;
 mod error;
 mod secret;
+pub mod security;
 mod trigger;
 
 use std::collections::BTreeMap;
@@ -135,14 +136,17 @@ impl Config {
         for (name, value) in env {
             apply_env_override(&mut doc, &name, value)?;
         }
-        let config: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(|e| {
+        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(doc))
+            .map_err(|e| {
                 let path = e.path().to_string();
                 ConfigError::Parse {
                     message: one_line(&e.into_inner().to_string()),
                     key: (path != ".").then_some(path),
                 }
             })?;
+        for (name, conn) in &mut config.connections {
+            conn.normalize(name)?;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -159,6 +163,18 @@ impl Config {
             conn.validate(name)?;
         }
         Ok(())
+    }
+
+    /// What the loader translated, as `connection: notice` lines (logged at start).
+    pub fn notices(&self) -> Vec<String> {
+        self.connections
+            .iter()
+            .flat_map(|(name, c)| {
+                c.notices
+                    .iter()
+                    .map(move |n| format!("connection {name}: {n}"))
+            })
+            .collect()
     }
 }
 

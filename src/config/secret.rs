@@ -95,25 +95,50 @@ enum RawProperty {
     Indirect(Indirect),
 }
 
+/// The property a `<property>_file` (or, from the environment, `<property>.file`) key names.
+fn file_property(key: &str) -> Option<&str> {
+    key.strip_suffix("_file")
+        .or_else(|| key.strip_suffix(".file"))
+        .filter(|k| !k.is_empty())
+}
+
 /// librdkafka properties: strings, numbers and booleans as written, and secrets given as
-/// `{ env = … }` or `{ file = … }` resolved.
+/// `{ env = … }` or `{ file = … }` resolved. `"<property>_file" = "/path"` reads the
+/// property's value from the file (trailing newline trimmed), for mounted secrets.
 pub(crate) fn deserialize_properties<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
     use serde::de::Error;
     let raw = std::collections::BTreeMap::<String, RawProperty>::deserialize(d)?;
-    raw.into_iter()
-        .map(|(k, v)| {
-            let v = match v {
-                RawProperty::Bool(b) => b.to_string(),
-                RawProperty::Int(i) => i.to_string(),
-                RawProperty::Float(f) => f.to_string(),
-                RawProperty::Text(s) => s,
-                RawProperty::Indirect(i) => i
-                    .resolve()
-                    .map_err(|e| D::Error::custom(format!("\"{k}\": {e}")))?,
-            };
-            Ok((k, v))
-        })
-        .collect()
+    let mut out = std::collections::BTreeMap::new();
+    for (k, v) in raw {
+        let v = match v {
+            RawProperty::Bool(b) => b.to_string(),
+            RawProperty::Int(i) => i.to_string(),
+            RawProperty::Float(f) => f.to_string(),
+            RawProperty::Text(s) => s,
+            RawProperty::Indirect(i) => i
+                .resolve()
+                .map_err(|e| D::Error::custom(format!("\"{k}\": {e}")))?,
+        };
+        let (key, value) = match file_property(&k) {
+            Some(target) => {
+                let value = Indirect {
+                    env: None,
+                    file: Some(v),
+                }
+                .resolve()
+                .map_err(|e| D::Error::custom(format!("\"{k}\": {e}")))?;
+                (target.to_owned(), value)
+            }
+            None => (k, v),
+        };
+        if out.contains_key(&key) {
+            return Err(D::Error::custom(format!(
+                "\"{key}\" is given twice (directly and as \"{key}_file\")"
+            )));
+        }
+        let _ = out.insert(key, value);
+    }
+    Ok(out)
 }

@@ -18,6 +18,7 @@ pub mod offsets;
 mod poll_loop;
 pub mod producer;
 pub mod scheduler;
+pub mod security;
 pub mod supervisor;
 pub mod worker;
 
