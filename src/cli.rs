@@ -23,6 +23,16 @@ pub enum Command {
         #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
         config: PathBuf,
     },
+    /// Check each connection against its cluster, registry and dispatchers: reach,
+    /// authenticate, and hold the permissions the connector needs. Exits non-zero on a FAIL.
+    Check {
+        /// Configuration file (TOML); TESSEL_KAFKA__… variables override it.
+        #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
+        config: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Configuration tools.
     Config {
         /// What to do with the configuration.

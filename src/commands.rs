@@ -17,6 +17,9 @@ pub async fn execute(cli: Cli) -> ExitCode {
                 Err(e) => return fail(&e.to_string()),
             };
             telemetry::init_tracing(&config.log);
+            for notice in config.notices() {
+                tracing::info!(notice = %notice, "configuration translated");
+            }
             let token = CancellationToken::new();
             shutdown::spawn_signal_handler(token.clone());
             let result = match App::build(config) {
@@ -32,12 +35,17 @@ pub async fn execute(cli: Cli) -> ExitCode {
             command: ConfigCommand::Check { config },
         } => match Config::load(&config) {
             Ok(c) => {
-                println!("# configuration is valid; effective values, secrets redacted\n");
+                println!("# configuration is valid; effective values, secrets redacted");
+                for notice in c.notices() {
+                    println!("# note: {notice}");
+                }
+                println!();
                 print!("{}", toml::to_string_pretty(&c).unwrap_or_default());
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e.to_string()),
         },
+        Command::Check { config, json } => check_command(&config, json).await,
         Command::Offsets { command } => tools_command(command).await,
         Command::Dlq {
             command:
@@ -162,6 +170,35 @@ async fn tools_command(command: OffsetsCommand) -> ExitCode {
                 Err(e) => fail(&format!("{e:#}")),
             }
         }
+    }
+}
+
+async fn check_command(config: &std::path::Path, json: bool) -> ExitCode {
+    let config = match Config::load(config) {
+        Ok(c) => c,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let lines = crate::preflight::run(&config).await;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&lines).unwrap_or_default()
+        );
+    } else {
+        for notice in config.notices() {
+            println!("# note: {notice}");
+        }
+        print!("{}", crate::preflight::render_table(&lines));
+    }
+    let failed = lines
+        .iter()
+        .filter(|l| l.status == crate::preflight::CheckStatus::Fail)
+        .count();
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("error: {failed} check(s) failed");
+        ExitCode::FAILURE
     }
 }
 

@@ -27,6 +27,12 @@ pub struct ConnectionHealth {
     pub stalled_partitions: BTreeMap<String, String>,
     /// Triggers stopped by a configuration error, and why.
     pub stopped_triggers: BTreeMap<String, String>,
+    /// Why the brokers cannot be used, when authentication or TLS fails (for example
+    /// `authentication failed: …`, `TLS handshake failed: …`).
+    pub kafka_error: Option<String>,
+    /// Permissions the connection's principal lacks, named as the product page does (`READ
+    /// on group tessel-orders`, `READ on topic payments`).
+    pub missing_permissions: Vec<String>,
 }
 
 impl ConnectionHealth {
@@ -38,6 +44,8 @@ impl ConnectionHealth {
             && self.registry_reachable
             && self.stalled_partitions.is_empty()
             && self.stopped_triggers.is_empty()
+            && self.kafka_error.is_none()
+            && self.missing_permissions.is_empty()
     }
 }
 

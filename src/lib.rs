@@ -10,6 +10,7 @@
 //! - [`cli`], [`commands`]: the command line and what each command does.
 //! - [`app`], [`shutdown`], [`admin`], [`telemetry`]: running the daemon.
 //! - [`tools`]: offsets show / reset and dead-letter replay.
+//! - [`preflight`]: `tessel-kafka check`, the connection and permission checks.
 //! - [`dev_dispatcher`]: a local dispatcher for the quick start and tests.
 
 pub mod admin;
@@ -23,6 +24,7 @@ pub mod dispatch;
 pub mod event;
 pub mod health;
 pub mod kafka;
+pub mod preflight;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tools;

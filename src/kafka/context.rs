@@ -8,6 +8,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::client::ClientContext;
@@ -17,6 +18,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 
+use super::security::{classify_connect_error, failure_in_log, ConnectFailure, MskIamSigner};
 use super::{AssignedPartition, ConsumerEvent};
 use crate::event::TopicPartition;
 
@@ -35,6 +37,12 @@ pub struct ConnectorContext {
     brokers_up: AtomicBool,
     /// Whether any statistics report arrived yet.
     stats_seen: AtomicBool,
+    /// Signs MSK IAM tokens, when the connection uses AWS_MSK_IAM.
+    signer: Option<Arc<MskIamSigner>>,
+    /// The last authentication, TLS or connection failure, until a broker is up again.
+    connect_failure: Mutex<Option<ConnectFailure>>,
+    /// Set when the broker refused an operation for lack of a permission.
+    authorization_refused: AtomicBool,
 }
 
 impl ConnectorContext {
@@ -42,6 +50,7 @@ impl ConnectorContext {
         connection: String,
         events: mpsc::Sender<ConsumerEvent>,
         revoke_wait: Duration,
+        signer: Option<Arc<MskIamSigner>>,
     ) -> Self {
         Self {
             connection,
@@ -50,7 +59,43 @@ impl ConnectorContext {
             revoke_wait,
             brokers_up: AtomicBool::new(false),
             stats_seen: AtomicBool::new(false),
+            signer,
+            connect_failure: Mutex::new(None),
+            authorization_refused: AtomicBool::new(false),
         }
+    }
+
+    /// The last authentication or TLS failure, while no broker is up.
+    pub(crate) fn connect_failure(&self) -> Option<ConnectFailure> {
+        self.connect_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Notes an error from librdkafka: connection failures for readiness, authorization
+    /// refusals so the supervisor works out which permission is missing.
+    pub(crate) fn note_error(&self, error: &KafkaError, reason: &str) {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        if let Some(f) = classify_connect_error(error, reason) {
+            if !matches!(f, ConnectFailure::Unreachable(_)) {
+                *self
+                    .connect_failure
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(f);
+            }
+        }
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(C::TopicAuthorizationFailed | C::GroupAuthorizationFailed)
+        ) {
+            self.authorization_refused.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether an authorization refusal was seen since the last call.
+    pub(crate) fn take_authorization_refused(&self) -> bool {
+        self.authorization_refused.swap(false, Ordering::SeqCst)
     }
 
     /// Brokers reachable, per librdkafka's last statistics (None before the first report).
@@ -80,8 +125,23 @@ pub(crate) fn partitions_of(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
 }
 
 impl ClientContext for ConnectorContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _oauthbearer_config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        super::security::oauth_token(self.signer.as_deref())
+    }
+
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
         let c = self.connection.as_str();
+        if let Some(f) = failure_in_log(log_message) {
+            *self
+                .connect_failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(f);
+        }
         match level {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
@@ -110,6 +170,12 @@ impl ClientContext for ConnectorContext {
             .any(|b| b.nodeid >= 0 && b.state == "UP");
         self.brokers_up.store(up, Ordering::SeqCst);
         self.stats_seen.store(true, Ordering::SeqCst);
+        if up {
+            *self
+                .connect_failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+        }
         for (topic, t) in &stats.topics {
             for (partition, p) in &t.partitions {
                 if *partition < 0 || p.committed_offset < 0 || p.ls_offset < 0 {
@@ -122,6 +188,7 @@ impl ClientContext for ConnectorContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        self.note_error(&error, reason);
         tracing::warn!(target: "librdkafka", connection = %self.connection, error = %error, "kafka client error: {reason}");
     }
 }

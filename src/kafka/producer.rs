@@ -67,7 +67,7 @@ pub type ExtraHeader = (String, String);
 /// The idempotent producer of a connection.
 #[derive(Clone)]
 pub struct IdempotentProducer {
-    producer: FutureProducer,
+    producer: FutureProducer<super::security::SecurityContext>,
     connection: String,
 }
 
@@ -79,9 +79,13 @@ impl std::fmt::Debug for IdempotentProducer {
 
 impl IdempotentProducer {
     /// Creates the producer (connects lazily).
+    /// Its context signs MSK IAM tokens when the connection uses AWS_MSK_IAM; librdkafka
+    /// refreshes them from the producer's own polling thread, also while it sends nothing.
     pub fn try_new(name: &str, conn: &ConnectionConfig) -> Result<Self, KafkaError> {
+        let context = super::security::SecurityContext::for_connection(name, conn)
+            .map_err(|e| KafkaError::ClientCreation(e.to_string()))?;
         Ok(Self {
-            producer: producer_config(name, conn).create()?,
+            producer: producer_config(name, conn).create_with_context(context)?,
             connection: name.to_owned(),
         })
     }

@@ -333,8 +333,8 @@ pub struct SecurityContext {
     signer: Option<Arc<MskIamSigner>>,
     last_failure: Mutex<Option<ConnectFailure>>,
     /// The idempotent producer's state from the last statistics (`Assigned` once it has a
-    /// producer id).
-    idempotence: Mutex<Option<String>>,
+    /// producer id); shared so a probe can read it once the context belongs to a producer.
+    idempotence: Arc<Mutex<Option<String>>>,
 }
 
 impl SecurityContext {
@@ -344,7 +344,7 @@ impl SecurityContext {
             connection: connection.to_owned(),
             signer,
             last_failure: Mutex::new(None),
-            idempotence: Mutex::new(None),
+            idempotence: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -362,12 +362,10 @@ impl SecurityContext {
             .clone()
     }
 
-    /// The idempotent producer's state, once statistics arrived.
-    pub fn idempotence_state(&self) -> Option<String> {
-        self.idempotence
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// Where the idempotent producer's state appears once statistics arrive (`Assigned`
+    /// when it has a producer id).
+    pub fn idempotence_state(&self) -> Arc<Mutex<Option<String>>> {
+        Arc::clone(&self.idempotence)
     }
 
     fn record(&self, failure: ConnectFailure) {
@@ -376,7 +374,7 @@ impl SecurityContext {
 }
 
 /// Records `line` when it reports an authentication or TLS failure.
-fn failure_in_log(line: &str) -> Option<ConnectFailure> {
+pub(crate) fn failure_in_log(line: &str) -> Option<ConnectFailure> {
     let lower = line.to_ascii_lowercase();
     if lower.contains("sasl authentication error") || lower.contains("authentication failed") {
         Some(ConnectFailure::Authentication(one_line(line)))

@@ -132,7 +132,17 @@ pub struct ConnectionSupervisor {
     tasks: TaskTracker,
     buffered_bytes: usize,
     pending_revoke: Option<PendingRevoke>,
+    /// Permissions found missing by the last diagnosis (see [`crate::preflight`]).
+    missing_permissions: Arc<std::sync::Mutex<Vec<String>>>,
+    /// When the permissions were last diagnosed; a diagnosis runs at most every
+    /// [`PERMISSION_RECHECK`], after an authorization refusal or while one is reported.
+    last_permission_check: Option<Instant>,
+    /// An authorization refusal was seen and not yet diagnosed.
+    permission_check_wanted: bool,
 }
+
+/// How often missing permissions are looked for again while they are reported.
+const PERMISSION_RECHECK: Duration = Duration::from_secs(10);
 
 const EVENT_CHANNEL: usize = 1024;
 
@@ -211,7 +221,11 @@ impl ConnectionSupervisor {
         }
         let (events_tx, events) = mpsc::channel(EVENT_CHANNEL);
         let revoke_wait = Duration::from_millis(config.drain_timeout_ms) + Duration::from_secs(10);
-        let context = ConnectorContext::new(name.to_owned(), events_tx.clone(), revoke_wait);
+        let signer = super::security::MskIamSigner::from_config(config, |v| std::env::var(v).ok())
+            .map_err(|e| setup(format!("AWS_MSK_IAM: {e}")))?
+            .map(Arc::new);
+        let context =
+            ConnectorContext::new(name.to_owned(), events_tx.clone(), revoke_wait, signer);
         let consumer: Consumer_ = consumer_config(name, config)
             .create_with_context(context)
             .map_err(|source| SupervisorError::Kafka {
@@ -242,6 +256,9 @@ impl ConnectionSupervisor {
             tasks: TaskTracker::new(),
             buffered_bytes: 0,
             pending_revoke: None,
+            missing_permissions: Arc::new(std::sync::Mutex::new(Vec::new())),
+            last_permission_check: None,
+            permission_check_wanted: false,
         })
     }
 
@@ -360,6 +377,7 @@ impl ConnectionSupervisor {
                 });
             }
             ConsumerEvent::Error(e) => {
+                self.consumer.context().note_error(&e, &e.to_string());
                 tracing::warn!(connection = %self.name, error = %e, "kafka consumer error");
             }
         }
@@ -587,12 +605,25 @@ impl ConnectionSupervisor {
         if let Some(up) = brokers_up {
             metrics::brokers_up(&self.name, up);
         }
+        self.check_permissions();
+        let kafka_error = self
+            .consumer
+            .context()
+            .connect_failure()
+            .map(|f| f.to_string());
+        let missing_permissions = self
+            .missing_permissions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let mut health = ConnectionHealth {
             brokers_up: brokers_up.unwrap_or(false),
             registry_reachable: self
                 .registry_reachable
                 .load(std::sync::atomic::Ordering::SeqCst),
             assigned_partitions: self.partitions.len(),
+            kafka_error,
+            missing_permissions,
             ..ConnectionHealth::default()
         };
         for (tp, p) in self.partitions.iter_mut() {
@@ -634,6 +665,42 @@ impl ConnectionSupervisor {
         }
         metrics::stalled(&self.name, health.stalled_partitions.len());
         self.health.set(&self.name, health);
+    }
+
+    /// After the broker refused an operation for lack of a permission (and while one is
+    /// reported missing), works out which permissions are missing with the same probes as
+    /// `tessel-kafka check`, off the runtime, and reports them in the log and `/readyz`.
+    fn check_permissions(&mut self) {
+        let refused = self.consumer.context().take_authorization_refused();
+        let reported = !self
+            .missing_permissions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        let due = self
+            .last_permission_check
+            .is_none_or(|t| t.elapsed() >= PERMISSION_RECHECK);
+        self.permission_check_wanted |= refused;
+        if !(self.permission_check_wanted || reported) || !due {
+            return;
+        }
+        self.permission_check_wanted = false;
+        self.last_permission_check = Some(Instant::now());
+        let name = self.name.clone();
+        let config = self.config.clone();
+        let slot = Arc::clone(&self.missing_permissions);
+        self.tasks.spawn_blocking(move || {
+            let missing = crate::preflight::missing_consumer_permissions(&name, &config);
+            let mut current = slot.lock().unwrap_or_else(|p| p.into_inner());
+            if *current != missing {
+                if missing.is_empty() {
+                    tracing::info!(connection = %name, "permissions present again");
+                } else {
+                    tracing::error!(connection = %name, missing = %missing.join(", "), "missing permission: {}", missing.join(", "));
+                }
+                *current = missing;
+            }
+        });
     }
 
     fn report_partitions(&self) {

@@ -428,10 +428,18 @@ async fn apply_error_policy(
                     Some(WorkOutcome::DeadLettered)
                 }
                 Err(e) => {
+                    let reason = if e.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::TopicAuthorizationFailed)
+                    {
+                        format!("missing WRITE on topic {topic}")
+                    } else {
+                        e.to_string()
+                    };
+                    trigger.failed(&format!("cannot write to the dead-letter topic: {reason}"));
                     tracing::error!(
                         connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
                         partition = msg.partition(), offset = msg.offset(), dead_letter_topic = %topic,
-                        error = %e, "cannot write to the dead-letter topic; the offset is not committed and the write is retried"
+                        error = %reason, "cannot write to the dead-letter topic; the offset is not committed and the write is retried"
                     );
                     None
                 }

@@ -1,0 +1,657 @@
+//! `tessel-kafka check`: for each connection, what the product page asks of a principal,
+//! probed against the real cluster without side effects, one PASS or FAIL line per item.
+//!
+//! | check | how | fails as |
+//! |---|---|---|
+//! | brokers reachable | TCP connect to each bootstrap server | `cannot reach …` |
+//! | authentication | a metadata request with the connection's security settings | `authentication failed: …`, `TLS handshake failed: …` |
+//! | DESCRIBE on topic T | topic metadata | `missing DESCRIBE on topic T` |
+//! | READ on topic T | a fetch at the end of partition 0 (answered by end-of-partition, reads nothing) | `missing READ on topic T` |
+//! | READ on group G | the group's committed offsets (OffsetFetch; Kafka also lets DESCRIBE do this, so a principal with DESCRIBE only passes here and fails at JoinGroup) | `missing READ on group G` |
+//! | WRITE on topic T | only where the connection produces: a produce request with `acks=2`, which the broker refuses after authorization (`INVALID_REQUIRED_ACKS`) and before writing anything | `missing WRITE on topic T` |
+//! | idempotent producer id | only where the connection produces: an idempotent producer obtains a producer id | `missing IDEMPOTENT_WRITE on cluster …` |
+//! | schema registry | `GET /subjects` with the configured credentials | the registry's answer |
+//! | dispatcher | `GET` on the trigger's URL with its token (any answer but 401/403 passes) | the dispatcher's answer |
+//!
+//! Kafka treats READ, WRITE, DELETE and ALTER on a topic as implying DESCRIBE, so a principal
+//! with READ passes the DESCRIBE line whether or not DESCRIBE was granted separately.
+
+use std::collections::BTreeSet;
+use std::net::ToSocketAddrs;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+use serde::Serialize;
+
+use crate::codec::registry::RegistryClient;
+use crate::config::security::{KafkaAuth, SaslMechanism};
+use crate::config::{Config, ConnectionConfig};
+use crate::kafka::security::SecurityContext;
+
+/// How long one probe waits for the cluster.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The result of one check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum CheckStatus {
+    /// Works.
+    Pass,
+    /// Does not work; the detail says what is missing.
+    Fail,
+    /// Not tried because an earlier check failed.
+    Skip,
+}
+
+impl CheckStatus {
+    /// `PASS`, `FAIL` or `SKIP`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pass => "PASS",
+            Self::Fail => "FAIL",
+            Self::Skip => "SKIP",
+        }
+    }
+}
+
+/// One line of the report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CheckLine {
+    /// The connection.
+    pub connection: String,
+    /// What was checked, e.g. `READ on group tessel-orders`.
+    pub check: String,
+    /// The result.
+    pub status: CheckStatus,
+    /// Details: what answered, or what is missing.
+    pub detail: String,
+}
+
+struct Report<'a> {
+    connection: &'a str,
+    lines: Vec<CheckLine>,
+}
+
+impl Report<'_> {
+    fn push(&mut self, check: impl Into<String>, status: CheckStatus, detail: impl Into<String>) {
+        self.lines.push(CheckLine {
+            connection: self.connection.to_owned(),
+            check: check.into(),
+            status,
+            detail: detail.into(),
+        });
+    }
+    fn pass(&mut self, check: impl Into<String>, detail: impl Into<String>) {
+        self.push(check, CheckStatus::Pass, detail);
+    }
+    fn fail(&mut self, check: impl Into<String>, detail: impl Into<String>) {
+        self.push(check, CheckStatus::Fail, detail);
+    }
+    fn skip(&mut self, check: impl Into<String>, detail: impl Into<String>) {
+        self.push(check, CheckStatus::Skip, detail);
+    }
+}
+
+/// Runs every check of every connection.
+pub async fn run(config: &Config) -> Vec<CheckLine> {
+    let mut lines = Vec::new();
+    for (name, conn) in &config.connections {
+        let kafka = {
+            let owned = (name.clone(), conn.clone());
+            tokio::task::spawn_blocking(move || kafka_checks(&owned.0, &owned.1))
+                .await
+                .unwrap_or_else(|e| {
+                    vec![CheckLine {
+                        connection: name.clone(),
+                        check: "kafka checks".into(),
+                        status: CheckStatus::Fail,
+                        detail: format!("the probe thread failed: {e}"),
+                    }]
+                })
+        };
+        lines.extend(kafka);
+        let mut report = Report {
+            connection: name,
+            lines: Vec::new(),
+        };
+        registry_check(&mut report, conn).await;
+        dispatcher_checks(&mut report, conn).await;
+        lines.extend(report.lines);
+    }
+    lines
+}
+
+/// The missing permissions of a consumer connection, in the product page's words (`READ on
+/// group G`, `DESCRIBE on topic T`, `READ on topic T`); empty when nothing is missing or the
+/// cluster cannot be asked. Used by the daemon to say precisely what an authorization error
+/// means.
+pub fn missing_consumer_permissions(name: &str, conn: &ConnectionConfig) -> Vec<String> {
+    kafka_checks(name, conn)
+        .into_iter()
+        .filter(|l| l.status == CheckStatus::Fail && l.detail.starts_with("missing "))
+        .map(|l| l.check)
+        .filter(|c| !c.starts_with("WRITE") && !c.starts_with("idempotent"))
+        .collect()
+}
+
+fn auth_description(conn: &ConnectionConfig) -> String {
+    let user = conn
+        .kafka
+        .get("sasl.username")
+        .map(|u| format!(" as {u}"))
+        .unwrap_or_default();
+    match conn.auth() {
+        Ok(KafkaAuth::Plaintext) => "PLAINTEXT (no authentication)".to_owned(),
+        Ok(KafkaAuth::Ssl { mutual: true }) => "SSL with a client certificate (mTLS)".to_owned(),
+        Ok(KafkaAuth::Ssl { mutual: false }) => "SSL".to_owned(),
+        Ok(KafkaAuth::Sasl { mechanism, tls }) => format!(
+            "{} {}{}",
+            if tls { "SASL_SSL" } else { "SASL_PLAINTEXT" },
+            mechanism.as_str(),
+            if matches!(
+                mechanism,
+                SaslMechanism::OauthbearerOidc | SaslMechanism::AwsMskIam
+            ) {
+                String::new()
+            } else {
+                user
+            }
+        ),
+        Err(e) => format!("invalid security settings: {e}"),
+    }
+}
+
+fn client_config(conn: &ConnectionConfig) -> ClientConfig {
+    let mut cfg = ClientConfig::new();
+    for (k, v) in &conn.kafka {
+        let _ = cfg.set(k, v);
+    }
+    cfg
+}
+
+fn kafka_checks(name: &str, conn: &ConnectionConfig) -> Vec<CheckLine> {
+    let mut r = Report {
+        connection: name,
+        lines: Vec::new(),
+    };
+    let topics: BTreeSet<&str> = conn.topics();
+    let group = conn.group_id().to_owned();
+    let produced = conn.produced_topics();
+    let skip_all = |r: &mut Report<'_>, why: &str| {
+        for t in &topics {
+            r.skip(format!("DESCRIBE on topic {t}"), why);
+            r.skip(format!("READ on topic {t}"), why);
+        }
+        r.skip(format!("READ on group {group}"), why);
+        for t in &produced {
+            r.skip(format!("WRITE on topic {t}"), why);
+        }
+        if !produced.is_empty() {
+            r.skip("idempotent producer id", why);
+        }
+    };
+
+    // Brokers reachable (TCP).
+    let servers: Vec<String> = conn
+        .kafka
+        .get("bootstrap.servers")
+        .map(|s| s.split(',').map(|x| x.trim().to_owned()).collect())
+        .unwrap_or_default();
+    let mut reached = Vec::new();
+    let mut unreached = Vec::new();
+    for s in &servers {
+        match tcp_reach(s) {
+            Ok(()) => reached.push(s.clone()),
+            Err(e) => unreached.push(format!("{s} ({e})")),
+        }
+    }
+    if reached.is_empty() {
+        r.fail(
+            "brokers reachable",
+            format!(
+                "cannot reach any bootstrap server: {}",
+                unreached.join(", ")
+            ),
+        );
+        r.skip("authentication", "no broker reachable");
+        skip_all(&mut r, "no broker reachable");
+        return r.lines;
+    }
+    r.pass("brokers reachable", reached.join(", "));
+
+    // Authentication: a metadata request.
+    let context = match SecurityContext::for_connection(name, conn) {
+        Ok(c) => c,
+        Err(e) => {
+            r.fail("authentication", e.to_string());
+            skip_all(&mut r, "not authenticated");
+            return r.lines;
+        }
+    };
+    let mut cfg = client_config(conn);
+    let _ = cfg
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("allow.auto.create.topics", "false");
+    let consumer: BaseConsumer<SecurityContext> = match cfg.create_with_context(context) {
+        Ok(c) => c,
+        Err(e) => {
+            r.fail("authentication", format!("cannot create a client: {e}"));
+            skip_all(&mut r, "not authenticated");
+            return r.lines;
+        }
+    };
+    if let Err(e) = consumer.fetch_metadata(None, PROBE_TIMEOUT) {
+        let why = consumer.context().last_failure().map_or_else(
+            || format!("no metadata from the brokers: {e}"),
+            |f| f.to_string(),
+        );
+        r.fail("authentication", why);
+        skip_all(&mut r, "not authenticated");
+        return r.lines;
+    }
+    r.pass("authentication", auth_description(conn));
+
+    // DESCRIBE and READ on each consumed topic.
+    let mut described = Vec::new();
+    for topic in &topics {
+        let check = format!("DESCRIBE on topic {topic}");
+        match describe(&consumer, topic) {
+            Ok(partitions) => {
+                r.pass(&check, format!("{partitions} partition(s)"));
+                described.push((*topic, partitions));
+            }
+            Err(DescribeError::Unauthorized) => {
+                r.fail(&check, format!("missing DESCRIBE on topic {topic}"));
+                r.skip(format!("READ on topic {topic}"), "topic not described");
+                continue;
+            }
+            Err(DescribeError::Other(why)) => {
+                r.fail(&check, why);
+                r.skip(format!("READ on topic {topic}"), "topic not described");
+                continue;
+            }
+        }
+        let check = format!("READ on topic {topic}");
+        match fetch_probe(&consumer, topic) {
+            Ok(detail) => r.pass(&check, detail),
+            Err(ProbeError::Unauthorized) => {
+                r.fail(&check, format!("missing READ on topic {topic}"))
+            }
+            Err(ProbeError::Other(why)) => r.fail(&check, why),
+        }
+    }
+
+    // READ on the group.
+    let check = format!("READ on group {group}");
+    if described.is_empty() {
+        r.skip(&check, "no topic could be described");
+    } else {
+        let mut tpl = TopicPartitionList::new();
+        for (t, n) in &described {
+            for p in 0..*n {
+                tpl.add_partition(t, p);
+            }
+        }
+        match consumer.committed_offsets(tpl, PROBE_TIMEOUT) {
+            Ok(c) => {
+                let committed = c
+                    .elements()
+                    .iter()
+                    .filter(|e| matches!(e.offset(), Offset::Offset(_)))
+                    .count();
+                r.pass(
+                    &check,
+                    format!("{committed} partition(s) with a committed offset"),
+                );
+            }
+            Err(e)
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) =>
+            {
+                r.fail(&check, format!("missing READ on group {group}"));
+            }
+            Err(e) => r.fail(&check, format!("cannot read the group's offsets: {e}")),
+        }
+    }
+    drop(consumer);
+
+    // WRITE and the idempotent producer id, only where the connection produces.
+    if !produced.is_empty() {
+        write_checks(&mut r, name, conn, &produced);
+    }
+    r.lines
+}
+
+fn tcp_reach(server: &str) -> Result<(), String> {
+    let addrs: Vec<_> = server
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve: {e}"))?
+        .collect();
+    let mut last = "no address".to_owned();
+    for a in addrs {
+        match std::net::TcpStream::connect_timeout(&a, Duration::from_secs(5)) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(last)
+}
+
+enum DescribeError {
+    Unauthorized,
+    Other(String),
+}
+
+fn describe(consumer: &BaseConsumer<SecurityContext>, topic: &str) -> Result<i32, DescribeError> {
+    let md = consumer
+        .fetch_metadata(Some(topic), PROBE_TIMEOUT)
+        .map_err(|e| DescribeError::Other(format!("no metadata for topic {topic}: {e}")))?;
+    let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+        return Err(DescribeError::Other(format!(
+            "topic {topic} is not in the metadata"
+        )));
+    };
+    match t.error().map(RDKafkaErrorCode::from) {
+        None => Ok(t.partitions().len() as i32),
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed) => Err(DescribeError::Unauthorized),
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition) => Err(DescribeError::Other(format!(
+            "topic {topic} does not exist"
+        ))),
+        Some(code) => Err(DescribeError::Other(format!("topic {topic}: {code}"))),
+    }
+}
+
+enum ProbeError {
+    Unauthorized,
+    Other(String),
+}
+
+/// Fetches at the end of partition 0: an authorized fetch answers with end-of-partition and
+/// reads nothing.
+fn fetch_probe(
+    consumer: &BaseConsumer<SecurityContext>,
+    topic: &str,
+) -> Result<String, ProbeError> {
+    let (_, high) = consumer
+        .fetch_watermarks(topic, 0, PROBE_TIMEOUT)
+        .map_err(|e| match e.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed) => ProbeError::Unauthorized,
+            _ => ProbeError::Other(format!("cannot read the end offsets of {topic}: {e}")),
+        })?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(high))
+        .map_err(|e| ProbeError::Other(e.to_string()))?;
+    consumer
+        .assign(&tpl)
+        .map_err(|e| ProbeError::Other(format!("cannot assign {topic}[0]: {e}")))?;
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    let result = loop {
+        if Instant::now() > deadline {
+            break Err(ProbeError::Other(format!(
+                "no answer to a fetch from {topic}[0] within {PROBE_TIMEOUT:?}"
+            )));
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Err(KafkaError::PartitionEOF(_))) | Some(Ok(_)) => {
+                break Ok("fetch authorized (nothing read)".to_owned())
+            }
+            Some(Err(e))
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed) =>
+            {
+                break Err(ProbeError::Unauthorized)
+            }
+            Some(Err(e))
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) =>
+            {
+                // Group errors surface on the same queue; the group line reports them.
+            }
+            Some(Err(e)) => break Err(ProbeError::Other(format!("fetch from {topic}[0]: {e}"))),
+            None => {}
+        }
+    };
+    let _ = consumer.unassign();
+    result
+}
+
+fn write_checks(
+    r: &mut Report<'_>,
+    name: &str,
+    conn: &ConnectionConfig,
+    produced: &BTreeSet<&str>,
+) {
+    let producer_cfg = |idempotent: bool| {
+        let mut cfg = crate::kafka::producer::producer_config(name, conn);
+        if !idempotent {
+            // acks=2 is refused by the broker after authorization and before any write
+            // (INVALID_REQUIRED_ACKS), so the probe never leaves a record behind.
+            let _ = cfg
+                .set("enable.idempotence", "false")
+                .set("acks", "2")
+                .set("retries", "0");
+        }
+        let _ = cfg
+            .set("message.timeout.ms", PROBE_TIMEOUT.as_millis().to_string())
+            .set("statistics.interval.ms", "200");
+        cfg
+    };
+    let context = || SecurityContext::for_connection(name, conn);
+    let probe: Result<FutureProducer<SecurityContext>, String> =
+        context().map_err(|e| e.to_string()).and_then(|c| {
+            producer_cfg(false)
+                .create_with_context(c)
+                .map_err(|e| e.to_string())
+        });
+    match probe {
+        Err(e) => {
+            for t in produced {
+                r.fail(
+                    format!("WRITE on topic {t}"),
+                    format!("cannot create a producer: {e}"),
+                );
+            }
+        }
+        Ok(producer) => {
+            for topic in produced {
+                let check = format!("WRITE on topic {topic}");
+                let record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic)
+                    .payload(b"tessel-kafka check: never written".as_slice());
+                let result = futures::executor::block_on(producer.send(record, PROBE_TIMEOUT))
+                    .map_err(|(e, _)| e);
+                match result.err().and_then(|e| e.rdkafka_error_code()) {
+                    Some(RDKafkaErrorCode::InvalidRequiredAcks) => {
+                        r.pass(&check, "produce authorized (probe refused before writing, nothing written)")
+                    }
+                    Some(RDKafkaErrorCode::TopicAuthorizationFailed) => {
+                        r.fail(&check, format!("missing WRITE on topic {topic}"))
+                    }
+                    Some(RDKafkaErrorCode::UnknownTopicOrPartition) | Some(RDKafkaErrorCode::UnknownTopic) => {
+                        r.fail(&check, format!("topic {topic} does not exist"))
+                    }
+                    Some(code) => r.fail(&check, format!("produce probe answered {code}")),
+                    None => r.fail(&check, "the broker accepted a probe with acks=2; cannot tell (nothing should have been written)"),
+                }
+            }
+        }
+    }
+
+    let check = "idempotent producer id";
+    let mut state_handle = None;
+    let producer: Result<FutureProducer<SecurityContext>, String> =
+        context().map_err(|e| e.to_string()).and_then(|c| {
+            state_handle = Some(c.idempotence_state());
+            producer_cfg(true)
+                .create_with_context(c)
+                .map_err(|e| e.to_string())
+        });
+    let (producer, state_handle) = match (producer, state_handle) {
+        (Ok(p), Some(h)) => (p, h),
+        (Err(e), _) => {
+            r.fail(check, format!("cannot create the idempotent producer: {e}"));
+            return;
+        }
+        (Ok(_), None) => {
+            r.fail(check, "cannot create the idempotent producer");
+            return;
+        }
+    };
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    loop {
+        let state = state_handle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if state.as_deref() == Some("Assigned") {
+            r.pass(check, "producer id assigned");
+            break;
+        }
+        if let Err(e) = producer
+            .client()
+            .fatal_error()
+            .map_or(Ok(()), |(code, reason)| Err((code, reason)))
+        {
+            let (code, reason) = e;
+            let detail = if code == RDKafkaErrorCode::ClusterAuthorizationFailed
+                || reason.to_ascii_lowercase().contains("authoriz")
+            {
+                "missing IDEMPOTENT_WRITE on cluster (clusters older than 2.8 need it; newer ones accept WRITE on any topic)".to_owned()
+            } else {
+                format!("the idempotent producer failed: {reason}")
+            };
+            r.fail(check, detail);
+            break;
+        }
+        if Instant::now() > deadline {
+            r.fail(
+                check,
+                format!(
+                    "no producer id within {PROBE_TIMEOUT:?} (state {}); on clusters older than 2.8 the principal needs IDEMPOTENT_WRITE on cluster",
+                    state.unwrap_or_else(|| "unknown".into())
+                ),
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+async fn registry_check(r: &mut Report<'_>, conn: &ConnectionConfig) {
+    let Some(reg) = &conn.schema_registry else {
+        return;
+    };
+    let check = "schema registry";
+    match RegistryClient::try_new(reg) {
+        Err(e) => r.fail(check, e.to_string()),
+        Ok(client) => match client.probe().await {
+            Ok(()) => r.pass(check, format!("{} answered", reg.url)),
+            Err(e) => r.fail(check, format!("{}: {e}", reg.url)),
+        },
+    }
+}
+
+async fn dispatcher_checks(r: &mut Report<'_>, conn: &ConnectionConfig) {
+    for (tname, t) in &conn.triggers {
+        let check = format!("dispatcher of trigger {tname}");
+        let client = match reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                r.fail(&check, format!("cannot build an HTTP client: {e}"));
+                continue;
+            }
+        };
+        let mut req = client.get(t.dispatcher.url.clone());
+        if let Some(token) = &t.dispatcher.token {
+            req = req.bearer_auth(token.expose());
+        }
+        match req.send().await {
+            Ok(resp) if matches!(resp.status().as_u16(), 401 | 403) => r.fail(
+                &check,
+                format!(
+                    "{} refused the token (HTTP {})",
+                    t.dispatcher.url,
+                    resp.status().as_u16()
+                ),
+            ),
+            Ok(resp) => r.pass(
+                &check,
+                format!(
+                    "{} answered HTTP {}",
+                    t.dispatcher.url,
+                    resp.status().as_u16()
+                ),
+            ),
+            Err(e) => r.fail(
+                &check,
+                format!("{} unreachable: {}", t.dispatcher.url, e.without_url()),
+            ),
+        }
+    }
+}
+
+/// The report as a table: one line per check.
+pub fn render_table(lines: &[CheckLine]) -> String {
+    let cw = lines
+        .iter()
+        .map(|l| l.connection.len())
+        .max()
+        .unwrap_or(0)
+        .max(10);
+    let kw = lines
+        .iter()
+        .map(|l| l.check.len())
+        .max()
+        .unwrap_or(0)
+        .max(5);
+    let mut out = format!(
+        "{:<cw$}  {:<kw$}  {:<6}  {}\n",
+        "CONNECTION", "CHECK", "RESULT", "DETAIL"
+    );
+    for l in lines {
+        out.push_str(&format!(
+            "{:<cw$}  {:<kw$}  {:<6}  {}\n",
+            l.connection,
+            l.check,
+            l.status.as_str(),
+            l.detail
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_and_names_the_missing_permission() {
+        let lines = vec![
+            CheckLine {
+                connection: "orders".into(),
+                check: "READ on group tessel-orders".into(),
+                status: CheckStatus::Fail,
+                detail: "missing READ on group tessel-orders".into(),
+            },
+            CheckLine {
+                connection: "orders".into(),
+                check: "authentication".into(),
+                status: CheckStatus::Pass,
+                detail: "SASL_SSL SCRAM-SHA-512 as tessel".into(),
+            },
+        ];
+        let t = render_table(&lines);
+        let rows: Vec<&str> = t.lines().collect();
+        assert_eq!(rows.len(), 3);
+        assert!(rows[1].contains("FAIL") && rows[1].contains("READ on group tessel-orders"));
+        assert_eq!(rows[1].find("FAIL"), rows[2].find("PASS"));
+        let json = serde_json::to_value(&lines).unwrap();
+        assert_eq!(json[0]["status"], "FAIL");
+    }
+}
