@@ -7,6 +7,7 @@ mod operations;
 mod ordering;
 mod pipeline;
 mod restart;
+mod security;
 mod smoke;
 mod tools;
 mod transactions;
