@@ -178,6 +178,10 @@ async fn check_command(config: &std::path::Path, json: bool) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(&e.to_string()),
     };
+    // The report is the output; the client's own log only when asked for (RUST_LOG).
+    if std::env::var_os("RUST_LOG").is_some() {
+        telemetry::init_tracing(&config.log);
+    }
     let lines = crate::preflight::run(&config).await;
     if json {
         println!(

@@ -31,10 +31,13 @@ use serde::Serialize;
 use crate::codec::registry::RegistryClient;
 use crate::config::security::{KafkaAuth, SaslMechanism};
 use crate::config::{Config, ConnectionConfig};
-use crate::kafka::security::SecurityContext;
+use crate::kafka::security::{ConnectFailure, SecurityContext};
 
 /// How long one probe waits for the cluster.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long authentication is retried when the failure is not an authentication or TLS one.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The result of one check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -247,11 +250,7 @@ fn kafka_checks(name: &str, conn: &ConnectionConfig) -> Vec<CheckLine> {
             return r.lines;
         }
     };
-    if let Err(e) = consumer.fetch_metadata(None, PROBE_TIMEOUT) {
-        let why = consumer.context().last_failure().map_or_else(
-            || format!("no metadata from the brokers: {e}"),
-            |f| f.to_string(),
-        );
+    if let Err(why) = authenticate(&consumer) {
         r.fail("authentication", why);
         skip_all(&mut r, "not authenticated");
         return r.lines;
@@ -260,6 +259,7 @@ fn kafka_checks(name: &str, conn: &ConnectionConfig) -> Vec<CheckLine> {
 
     // DESCRIBE and READ on each consumed topic.
     let mut described = Vec::new();
+    let mut group_refused = false;
     for topic in &topics {
         let check = format!("DESCRIBE on topic {topic}");
         match describe(&consumer, topic) {
@@ -279,7 +279,7 @@ fn kafka_checks(name: &str, conn: &ConnectionConfig) -> Vec<CheckLine> {
             }
         }
         let check = format!("READ on topic {topic}");
-        match fetch_probe(&consumer, topic) {
+        match fetch_probe(&consumer, topic, &mut group_refused) {
             Ok(detail) => r.pass(&check, detail),
             Err(ProbeError::Unauthorized) => {
                 r.fail(&check, format!("missing READ on topic {topic}"))
@@ -311,12 +311,25 @@ fn kafka_checks(name: &str, conn: &ConnectionConfig) -> Vec<CheckLine> {
                     format!("{committed} partition(s) with a committed offset"),
                 );
             }
-            Err(e)
-                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) =>
-            {
-                r.fail(&check, format!("missing READ on group {group}"));
+            Err(e) => {
+                // A refused coordinator lookup reaches the application once, as an error on
+                // the consumer's queue, while the offset request itself times out.
+                let drain_until = Instant::now() + Duration::from_secs(2);
+                let code = e.rdkafka_error_code();
+                group_refused |= code == Some(RDKafkaErrorCode::GroupAuthorizationFailed);
+                while !group_refused && Instant::now() < drain_until {
+                    if let Some(Err(e)) = consumer.poll(Duration::from_millis(100)) {
+                        group_refused |= e.rdkafka_error_code()
+                            == Some(RDKafkaErrorCode::GroupAuthorizationFailed);
+                    }
+                    group_refused |= consumer.context().group_refused();
+                }
+                if group_refused {
+                    r.fail(&check, format!("missing READ on group {group}"));
+                } else {
+                    r.fail(&check, format!("cannot read the group's offsets: {e}"));
+                }
             }
-            Err(e) => r.fail(&check, format!("cannot read the group's offsets: {e}")),
         }
     }
     drop(consumer);
@@ -326,6 +339,33 @@ fn kafka_checks(name: &str, conn: &ConnectionConfig) -> Vec<CheckLine> {
         write_checks(&mut r, name, conn, &produced);
     }
     r.lines
+}
+
+/// A metadata request, retried until [`AUTH_TIMEOUT`] unless librdkafka reported an
+/// authentication or TLS failure (its reports arrive on the consumer's queue, so the
+/// consumer is polled in between).
+fn authenticate(consumer: &BaseConsumer<SecurityContext>) -> Result<(), String> {
+    let deadline = Instant::now() + AUTH_TIMEOUT;
+    loop {
+        let error = match consumer.fetch_metadata(None, PROBE_TIMEOUT) {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let drain_until = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < drain_until {
+            let _ = consumer.poll(Duration::from_millis(100));
+        }
+        match consumer.context().last_failure() {
+            Some(f @ (ConnectFailure::Authentication(_) | ConnectFailure::Tls(_))) => {
+                return Err(f.to_string())
+            }
+            Some(f) if Instant::now() > deadline => return Err(f.to_string()),
+            None if Instant::now() > deadline => {
+                return Err(format!("no metadata from the brokers: {error}"))
+            }
+            _ => {}
+        }
+    }
 }
 
 fn tcp_reach(server: &str) -> Result<(), String> {
@@ -377,6 +417,7 @@ enum ProbeError {
 fn fetch_probe(
     consumer: &BaseConsumer<SecurityContext>,
     topic: &str,
+    group_refused: &mut bool,
 ) -> Result<String, ProbeError> {
     let (_, high) = consumer
         .fetch_watermarks(topic, 0, PROBE_TIMEOUT)
@@ -409,7 +450,8 @@ fn fetch_probe(
             Some(Err(e))
                 if e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) =>
             {
-                // Group errors surface on the same queue; the group line reports them.
+                // The group's coordinator lookup was refused; the group line reports it.
+                *group_refused = true;
             }
             Some(Err(e)) => break Err(ProbeError::Other(format!("fetch from {topic}[0]: {e}"))),
             None => {}

@@ -157,3 +157,93 @@ fn kubernetes_example_config_is_valid() {
     let c = load(&block).unwrap();
     assert_eq!(c.connections["orders"].group_id(), "tessel-orders");
 }
+
+#[test]
+fn property_file_keys_read_secrets_from_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("kafka-password");
+    std::fs::write(&secret, "from-a-file\n").unwrap();
+    let text = MINIMAL.replace(
+        "\"sasl.password\" = \"hunter2\"",
+        &format!("\"sasl.password_file\" = \"{}\"", secret.display()),
+    );
+    let c = load(&text).unwrap();
+    assert_eq!(c.connections["orders"].kafka["sasl.password"], "from-a-file");
+    assert!(!toml::to_string(&c).unwrap().contains("from-a-file"));
+
+    // From the environment the suffix is `.file` (underscores stand for dots).
+    let text = MINIMAL.replace("\"sasl.password\" = \"hunter2\"\n", "");
+    let env = vec![(
+        "TESSEL_KAFKA__CONNECTIONS__ORDERS__KAFKA__SASL_PASSWORD_FILE".to_owned(),
+        secret.display().to_string(),
+    )];
+    let c = Config::from_toml_with_env(&text, env).unwrap();
+    assert_eq!(c.connections["orders"].kafka["sasl.password"], "from-a-file");
+
+    let missing = MINIMAL.replace(
+        "\"sasl.password\" = \"hunter2\"",
+        "\"sasl.password_file\" = \"/nonexistent/tessel-secret\"",
+    );
+    let err = load(&missing).unwrap_err().to_string();
+    assert!(err.contains("sasl.password_file") && err.contains("/nonexistent/tessel-secret"), "{err}");
+
+    let twice = MINIMAL.replace(
+        "\"sasl.password\" = \"hunter2\"",
+        &format!("\"sasl.password\" = \"x\"\n\"sasl.password_file\" = \"{}\"", secret.display()),
+    );
+    assert!(load(&twice).unwrap_err().to_string().contains("twice"));
+}
+
+#[test]
+fn pasted_jaas_config_is_translated_with_a_notice_and_redacted() {
+    let text = MINIMAL.replace(
+        "\"sasl.password\" = \"hunter2\"",
+        r#""security.protocol" = "SASL_SSL"
+"sasl.mechanism" = "SCRAM-SHA-512"
+"sasl.jaas.config" = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="tessel" password="jaas-s3cret";'"#,
+    );
+    let c = load(&text).unwrap();
+    let conn = &c.connections["orders"];
+    assert_eq!(conn.kafka["sasl.username"], "tessel");
+    assert_eq!(conn.kafka["sasl.password"], "jaas-s3cret");
+    let notices = c.notices();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert!(notices[0].starts_with("connection orders: translated"), "{notices:?}");
+    let shown = format!("{}{c:?}{notices:?}", toml::to_string(&c).unwrap());
+    assert!(!shown.contains("jaas-s3cret"), "{shown}");
+}
+
+#[test]
+fn sasl_without_a_password_is_refused_at_load() {
+    let text = MINIMAL.replace(
+        "\"sasl.password\" = \"hunter2\"",
+        "\"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"u\"",
+    );
+    let err = load(&text).unwrap_err().to_string();
+    assert!(err.contains("connections.orders.kafka") && err.contains("sasl.password"), "{err}");
+}
+
+#[test]
+fn produced_topics_are_dead_letter_topics_and_the_produce_grant() {
+    let c = load(MINIMAL).unwrap();
+    assert!(c.connections["orders"].produced_topics().is_empty());
+    let text = format!(
+        "{}\n[connections.orders.triggers.other]\ntopics = [\"refunds\"]\nworkflow = \"w\"\non_error = \"dead_letter\"\ndead_letter_topic = \"refunds-dlq\"\ndispatcher = {{ url = \"http://x/\" }}\n",
+        MINIMAL.replace(
+            "[connections.orders.kafka]",
+            "[connections.orders]\nproduce_topics = [\"audit\"]\n[connections.orders.kafka]"
+        )
+    );
+    let c = load(&text).unwrap();
+    let produced: Vec<&str> = c.connections["orders"].produced_topics().into_iter().collect();
+    assert_eq!(produced, vec!["audit", "refunds-dlq"]);
+}
+
+#[test]
+fn registry_client_certificate_needs_its_key() {
+    let text = format!(
+        "{MINIMAL}\n[connections.orders.schema_registry]\nurl = \"https://registry\"\ncertificate_location = \"/c.pem\"\n"
+    );
+    let err = load(&text).unwrap_err().to_string();
+    assert!(err.contains("key_location"), "{err}");
+}

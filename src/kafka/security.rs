@@ -335,6 +335,9 @@ pub struct SecurityContext {
     /// The idempotent producer's state from the last statistics (`Assigned` once it has a
     /// producer id); shared so a probe can read it once the context belongs to a producer.
     idempotence: Arc<Mutex<Option<String>>>,
+    /// The group coordinator lookup was refused (GROUP_AUTHORIZATION_FAILED); librdkafka
+    /// reports it once, as an error event.
+    group_refused: std::sync::atomic::AtomicBool,
 }
 
 impl SecurityContext {
@@ -345,6 +348,7 @@ impl SecurityContext {
             signer,
             last_failure: Mutex::new(None),
             idempotence: Arc::new(Mutex::new(None)),
+            group_refused: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -366,6 +370,11 @@ impl SecurityContext {
     /// when it has a producer id).
     pub fn idempotence_state(&self) -> Arc<Mutex<Option<String>>> {
         Arc::clone(&self.idempotence)
+    }
+
+    /// Whether the broker refused the consumer group (GROUP_AUTHORIZATION_FAILED).
+    pub fn group_refused(&self) -> bool {
+        self.group_refused.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn record(&self, failure: ConnectFailure) {
@@ -422,6 +431,12 @@ impl ClientContext for SecurityContext {
     fn error(&self, error: KafkaError, reason: &str) {
         if let Some(f) = classify_connect_error(&error, reason) {
             self.record(f);
+        }
+        if error.rdkafka_error_code()
+            == Some(rdkafka::types::RDKafkaErrorCode::GroupAuthorizationFailed)
+        {
+            self.group_refused
+                .store(true, std::sync::atomic::Ordering::SeqCst);
         }
         tracing::warn!(target: "librdkafka", connection = %self.connection, error = %error, "kafka client error: {reason}");
     }

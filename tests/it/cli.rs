@@ -104,3 +104,61 @@ fn config_check_prints_effective_config_without_secrets() {
         "{stdout}"
     );
 }
+
+/// Every file in config/examples/ passes `config check` with dummy secrets from the
+/// environment, prints its translations as notes, and never prints a secret.
+#[test]
+fn example_configs_pass_config_check_without_printing_secrets() {
+    let secrets: &[(&str, &str)] = &[
+        ("KAFKA_PASSWORD", "dummy-kafka-password"),
+        ("REGISTRY_PASSWORD", "dummy-registry-password"),
+        ("TESSEL_TOKEN", "dummy-tessel-token"),
+        (
+            "CONFLUENT_JAAS_CONFIG",
+            r#"org.apache.kafka.common.security.plain.PlainLoginModule required username="CCKEY" password="dummy-confluent-secret";"#,
+        ),
+        ("CONFLUENT_SR_API_SECRET", "dummy-sr-secret"),
+        ("MSK_SCRAM_PASSWORD", "dummy-msk-password"),
+        ("AIVEN_REGISTRY_PASSWORD", "dummy-aiven-registry"),
+        (
+            "AIVEN_JAAS_CONFIG",
+            r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="avnadmin" password="dummy-aiven-password";"#,
+        ),
+        ("REDPANDA_PASSWORD", "dummy-redpanda-password"),
+    ];
+    let dir = crate::support::repo().join("config/examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).expect("config/examples") {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        let out = Command::new(binary())
+            .args(["config", "check", "--config"])
+            .arg(&path)
+            .envs(secrets.iter().copied())
+            .output()
+            .expect("run config check");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{}: {text}", path.display());
+        for (_, value) in secrets {
+            assert!(
+                !text.contains("dummy-"),
+                "{} prints a secret ({value}): {text}",
+                path.display()
+            );
+        }
+        if text.contains("sasl.jaas.config") {
+            assert!(
+                text.contains("# note: connection orders: translated \"sasl.jaas.config\""),
+                "{text}"
+            );
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 7, "an example is missing");
+}
