@@ -10,7 +10,8 @@ use super::trigger::{ErrorPolicy, TriggerConfig};
 use super::ConfigError;
 
 /// One Kafka connection: a consumer in a group over the union of its triggers' topics.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+/// Debug output shows secret properties (passwords, JAAS text, client secrets) redacted.
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConnectionConfig {
     /// librdkafka client properties under their Kafka names, as the product page shows them:
@@ -86,6 +87,38 @@ pub struct RegistryConfig {
     /// Timeout of one registry request. Default 10000.
     #[serde(default = "default_registry_timeout_ms")]
     pub timeout_ms: u64,
+}
+
+impl std::fmt::Debug for ConnectionConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kafka: BTreeMap<&str, &str> = self
+            .kafka
+            .iter()
+            .map(|(k, v)| {
+                let v = if is_secret_property(k) {
+                    REDACTED
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), v)
+            })
+            .collect();
+        f.debug_struct("ConnectionConfig")
+            .field("kafka", &kafka)
+            .field("schema_registry", &self.schema_registry)
+            .field("triggers", &self.triggers)
+            .field("drain_timeout_ms", &self.drain_timeout_ms)
+            .field("stall_after_ms", &self.stall_after_ms)
+            .field(
+                "max_buffered_per_partition",
+                &self.max_buffered_per_partition,
+            )
+            .field("max_buffered_bytes", &self.max_buffered_bytes)
+            .field("aws", &self.aws)
+            .field("produce_topics", &self.produce_topics)
+            .field("notices", &self.notices)
+            .finish()
+    }
 }
 
 fn default_drain_timeout_ms() -> u64 {

@@ -168,7 +168,10 @@ fn property_file_keys_read_secrets_from_files() {
         &format!("\"sasl.password_file\" = \"{}\"", secret.display()),
     );
     let c = load(&text).unwrap();
-    assert_eq!(c.connections["orders"].kafka["sasl.password"], "from-a-file");
+    assert_eq!(
+        c.connections["orders"].kafka["sasl.password"],
+        "from-a-file"
+    );
     assert!(!toml::to_string(&c).unwrap().contains("from-a-file"));
 
     // From the environment the suffix is `.file` (underscores stand for dots).
@@ -178,18 +181,27 @@ fn property_file_keys_read_secrets_from_files() {
         secret.display().to_string(),
     )];
     let c = Config::from_toml_with_env(&text, env).unwrap();
-    assert_eq!(c.connections["orders"].kafka["sasl.password"], "from-a-file");
+    assert_eq!(
+        c.connections["orders"].kafka["sasl.password"],
+        "from-a-file"
+    );
 
     let missing = MINIMAL.replace(
         "\"sasl.password\" = \"hunter2\"",
         "\"sasl.password_file\" = \"/nonexistent/tessel-secret\"",
     );
     let err = load(&missing).unwrap_err().to_string();
-    assert!(err.contains("sasl.password_file") && err.contains("/nonexistent/tessel-secret"), "{err}");
+    assert!(
+        err.contains("sasl.password_file") && err.contains("/nonexistent/tessel-secret"),
+        "{err}"
+    );
 
     let twice = MINIMAL.replace(
         "\"sasl.password\" = \"hunter2\"",
-        &format!("\"sasl.password\" = \"x\"\n\"sasl.password_file\" = \"{}\"", secret.display()),
+        &format!(
+            "\"sasl.password\" = \"x\"\n\"sasl.password_file\" = \"{}\"",
+            secret.display()
+        ),
     );
     assert!(load(&twice).unwrap_err().to_string().contains("twice"));
 }
@@ -208,7 +220,10 @@ fn pasted_jaas_config_is_translated_with_a_notice_and_redacted() {
     assert_eq!(conn.kafka["sasl.password"], "jaas-s3cret");
     let notices = c.notices();
     assert_eq!(notices.len(), 1, "{notices:?}");
-    assert!(notices[0].starts_with("connection orders: translated"), "{notices:?}");
+    assert!(
+        notices[0].starts_with("connection orders: translated"),
+        "{notices:?}"
+    );
     let shown = format!("{}{c:?}{notices:?}", toml::to_string(&c).unwrap());
     assert!(!shown.contains("jaas-s3cret"), "{shown}");
 }
@@ -220,7 +235,10 @@ fn sasl_without_a_password_is_refused_at_load() {
         "\"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"u\"",
     );
     let err = load(&text).unwrap_err().to_string();
-    assert!(err.contains("connections.orders.kafka") && err.contains("sasl.password"), "{err}");
+    assert!(
+        err.contains("connections.orders.kafka") && err.contains("sasl.password"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -235,7 +253,10 @@ fn produced_topics_are_dead_letter_topics_and_the_produce_grant() {
         )
     );
     let c = load(&text).unwrap();
-    let produced: Vec<&str> = c.connections["orders"].produced_topics().into_iter().collect();
+    let produced: Vec<&str> = c.connections["orders"]
+        .produced_topics()
+        .into_iter()
+        .collect();
     assert_eq!(produced, vec!["audit", "refunds-dlq"]);
 }
 

@@ -498,17 +498,17 @@ async fn counting_proxy(target: String) -> (u16, Arc<AtomicUsize>) {
     let port = listener.local_addr().unwrap().port();
     let count = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&count);
-    let _ = tokio::spawn(async move {
+    drop(tokio::spawn(async move {
         while let Ok((mut inbound, _)) = listener.accept().await {
             let _ = counter.fetch_add(1, Ordering::SeqCst);
             let target = target.clone();
-            let _ = tokio::spawn(async move {
+            drop(tokio::spawn(async move {
                 if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
                     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                 }
-            });
+            }));
         }
-    });
+    }));
     (port, count)
 }
 
