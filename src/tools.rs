@@ -16,6 +16,7 @@ use crate::codec::{Decoder, Field};
 use crate::config::{Config, ConnectionConfig};
 use crate::dispatch::{DispatchOutcome, HttpDispatcher};
 use crate::event::{self, EventSource};
+use crate::kafka::security::SecurityContext;
 
 const TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -54,8 +55,9 @@ fn connection<'a>(
     }
 }
 
-/// A consumer with the connection's settings that never joins the group.
-fn admin_consumer(conn: &ConnectionConfig) -> anyhow::Result<BaseConsumer> {
+/// A consumer with the connection's settings (MSK IAM tokens included) that never joins the
+/// group.
+fn admin_consumer(conn: &ConnectionConfig) -> anyhow::Result<BaseConsumer<SecurityContext>> {
     let mut cfg = ClientConfig::new();
     for (k, v) in &conn.kafka {
         let _ = cfg.set(k, v);
@@ -63,12 +65,13 @@ fn admin_consumer(conn: &ConnectionConfig) -> anyhow::Result<BaseConsumer> {
     let _ = cfg
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
-    cfg.create()
+    let context = SecurityContext::for_connection("tools", conn)?;
+    cfg.create_with_context(context)
         .context("cannot create a Kafka client for the connection")
 }
 
 fn partitions_of(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<SecurityContext>,
     topics: &BTreeSet<&str>,
 ) -> anyhow::Result<Vec<(String, i32)>> {
     let mut out = Vec::new();

@@ -214,6 +214,7 @@ impl ConnectionSupervisor {
                 throttle_until: std::sync::Mutex::new(None),
                 stopped: std::sync::atomic::AtomicBool::new(false),
                 last_failure: std::sync::Mutex::new(None),
+                missing_permission: std::sync::Mutex::new(None),
             });
             for topic in &t.topics {
                 let _ = triggers.insert(topic.clone(), Arc::clone(&runtime));
@@ -658,6 +659,15 @@ impl ConnectionSupervisor {
             }
         }
         for t in self.triggers.values() {
+            // A refused dead-letter write is retried with backoff (at most max_backoff_ms
+            // apart), so a refusal within twice that is still current.
+            let window = Duration::from_millis(t.config.retry.max_backoff_ms.saturating_mul(2))
+                .max(STALL_CHECK * 10);
+            if let Some(p) = t.recent_missing_permission(window) {
+                if !health.missing_permissions.contains(&p) {
+                    health.missing_permissions.push(p);
+                }
+            }
             if t.stopped.load(std::sync::atomic::Ordering::SeqCst) {
                 let reason = t.recent_failure(Duration::MAX).unwrap_or_default();
                 let _ = health.stopped_triggers.insert(t.name.clone(), reason);
@@ -696,7 +706,9 @@ impl ConnectionSupervisor {
                 if missing.is_empty() {
                     tracing::info!(connection = %name, "permissions present again");
                 } else {
-                    tracing::error!(connection = %name, missing = %missing.join(", "), "missing permission: {}", missing.join(", "));
+                    // The message repeats the product page's words ("missing READ on group
+                    // G") so operators can grep for them.
+                    tracing::error!(connection = %name, missing = %missing.join(", "), "missing {}", missing.join(", missing "));
                 }
                 *current = missing;
             }

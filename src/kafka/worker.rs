@@ -65,6 +65,9 @@ pub struct TriggerRuntime {
     pub stopped: AtomicBool,
     /// Why the trigger is stopped, or why its last attempt failed (and when).
     pub last_failure: Mutex<Option<(Instant, String)>>,
+    /// A permission the broker refused the last dead-letter write for (`WRITE on topic T`),
+    /// and when.
+    pub missing_permission: Mutex<Option<(Instant, String)>>,
 }
 
 impl TriggerRuntime {
@@ -89,6 +92,17 @@ impl TriggerRuntime {
     fn failed(&self, reason: &str) {
         *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((Instant::now(), reason.to_owned()));
+    }
+
+    /// The permission the broker refused within `window`, named as the product page does.
+    pub fn recent_missing_permission(&self, window: Duration) -> Option<String> {
+        let last = self
+            .missing_permission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        last.as_ref()
+            .filter(|(at, _)| at.elapsed() <= window)
+            .map(|(_, p)| p.clone())
     }
 
     /// The failure reason if the trigger failed within `window`.
@@ -431,7 +445,13 @@ async fn apply_error_policy(
                     let reason = if e.rdkafka_error_code()
                         == Some(rdkafka::types::RDKafkaErrorCode::TopicAuthorizationFailed)
                     {
-                        format!("missing WRITE on topic {topic}")
+                        let permission = format!("WRITE on topic {topic}");
+                        *trigger
+                            .missing_permission
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner()) =
+                            Some((Instant::now(), permission.clone()));
+                        format!("missing {permission}")
                     } else {
                         e.to_string()
                     };

@@ -2,11 +2,13 @@
 //! The one integration-test binary.
 //!
 //! - `cli`: the binary's behaviour that needs no broker (config errors).
+//! - `oidc`: OAUTHBEARER OIDC token fetching against a local token endpoint (no broker).
 //! - `broker`: tests against the real Kafka broker and Schema Registry started by
 //!   `scripts/stack up`; compiled only with the `kafka-integration-tests` feature, which
 //!   `scripts/test` turns on. With the feature on, a missing stack fails the tests.
 
 mod cli;
+mod oidc;
 mod support;
 
 #[cfg(feature = "kafka-integration-tests")]

@@ -271,6 +271,19 @@ async fn consumes_over_sasl_ssl_with_exactly_the_product_page_acls_and_produces_
         "the WRITE probe wrote nothing"
     );
 
+    // The daemon without WRITE: reported with the same words, nothing committed.
+    let port = free_port();
+    let no_write = config_text(&p, &group2, &topic, &failing.url(), port, &dl);
+    let (body, log) = daemon_reports(&no_write, port, &format!("WRITE on topic {dlq}")).await;
+    assert_no_secret("daemon log", &log, &secrets);
+    assert_no_secret("/readyz", &body.to_string(), &secrets);
+    assert_eq!(
+        committed(&group2, &topic, 1),
+        vec![-1],
+        "nothing may be committed"
+    );
+    assert_eq!(high_watermarks(&dlq, 1), vec![0]);
+
     acl(&p, true, &[format!("topic:{dlq}:WRITE")]).await;
     let (ok, out) = check(&path, true).await;
     assert!(ok, "check fails with WRITE added:\n{out}");
@@ -354,7 +367,7 @@ async fn daemon_reports(config: &str, port: u16, wanted: &str) -> (Value, String
         || {
             let text = std::fs::read_to_string(&log).ok()?;
             text.lines()
-                .any(|l| l.contains("missing permission") && l.contains(wanted))
+                .any(|l| l.contains(&format!("missing {wanted}")))
                 .then_some(text)
         },
     )
@@ -429,13 +442,23 @@ async fn describe_is_implied_by_read() {
         "{out}"
     );
 
-    // Without READ as well, DESCRIBE is what is missing first.
+    // Without READ as well, DESCRIBE is what is missing first, for check and the daemon.
     acl(&p, false, &[format!("topic:{topic}:READ")]).await;
     let (ok, out) = check(&temp_config(&config), false).await;
     assert!(!ok, "{out}");
     assert!(
         out.contains(&format!("missing DESCRIBE on topic {topic}")),
         "{out}"
+    );
+    let port = free_port();
+    let config = config_text(&p, &group, &topic, &d.url(), port, "");
+    let (_, log) = daemon_reports(&config, port, &format!("DESCRIBE on topic {topic}")).await;
+    assert_no_secret("daemon log", &log, &suite_secrets(&[&p.password]));
+    assert!(d.runs().is_empty());
+    assert_eq!(
+        committed(&group, &topic, 1),
+        vec![-1],
+        "nothing may be committed"
     );
 }
 
