@@ -3,12 +3,14 @@
 //!
 //! - `cli`: the binary's behaviour that needs no broker (config errors).
 //! - `oidc`: OAUTHBEARER OIDC token fetching against a local token endpoint (no broker).
+//! - `registry_auth`: Schema Registry basic and bearer auth, refusals, TLS file errors.
 //! - `broker`: tests against the real Kafka broker and Schema Registry started by
 //!   `scripts/stack up`; compiled only with the `kafka-integration-tests` feature, which
 //!   `scripts/test` turns on. With the feature on, a missing stack fails the tests.
 
 mod cli;
 mod oidc;
+mod registry_auth;
 mod support;
 
 #[cfg(feature = "kafka-integration-tests")]

@@ -175,7 +175,9 @@ listen = "127.0.0.1:{listen_port}"
 level = "debug,librdkafka=debug"
 [connections.it]
 stall_after_ms = 2000
-{kafka}[connections.it.triggers.main]
+{kafka}[connections.it.schema_registry]
+url = "{registry}"
+[connections.it.triggers.main]
 topics = ["{topic}"]
 workflow = "wf"
 dispatcher = {{ url = "{dispatcher_url}", timeout_ms = 5000 }}
@@ -183,6 +185,7 @@ retry = {{ initial_backoff_ms = 100, max_backoff_ms = 1000 }}
 {trigger_extra}
 "#,
         kafka = sasl_ssl_kafka_table(&p.user, &p.password, group),
+        registry = stack().registry_url,
     )
 }
 
@@ -216,6 +219,7 @@ async fn consumes_over_sasl_ssl_with_exactly_the_product_page_acls_and_produces_
     eprintln!("check took {:?}\n{out}", started.elapsed());
     assert!(ok, "check fails with the product page's ACLs:\n{out}");
     assert!(!out.contains("FAIL"), "{out}");
+    assert!(line(&out, "schema registry").contains("PASS"), "{out}");
     assert!(
         line(&out, "authentication").contains("SASL_SSL SCRAM-SHA-512"),
         "{out}"
@@ -599,4 +603,32 @@ async fn wrong_password_is_a_clear_authentication_error_without_a_retry_storm() 
     assert_no_secret("/readyz", &body.to_string(), &secrets);
     assert_no_secret("config check output", &config_check(&path), &secrets);
     assert!(d.runs().is_empty());
+}
+
+/// The registry client takes the stack's CA and client certificate (PEM) for a custom CA
+/// and mTLS. (The stack's registry speaks plain HTTP, so no TLS handshake happens here.)
+#[test]
+fn registry_client_loads_a_custom_ca_and_client_certificate() {
+    let s = stack();
+    let text = format!(
+        r#"
+[connections.c.kafka]
+"bootstrap.servers" = "127.0.0.1:1"
+"group.id" = "g"
+[connections.c.schema_registry]
+url = "https://registry.example"
+ca_location = "{}"
+certificate_location = "{}"
+key_location = "{}"
+[connections.c.triggers.t]
+topics = ["x"]
+workflow = "w"
+dispatcher = {{ url = "http://127.0.0.1:1/" }}
+"#,
+        s.ca_pem, s.client_cert_pem, s.client_key_pem
+    );
+    let config = tessel_kafka::config::Config::from_toml_with_env(&text, Vec::new()).unwrap();
+    let registry = config.connections["c"].schema_registry.as_ref().unwrap();
+    tessel_kafka::codec::registry::RegistryClient::try_new(registry)
+        .expect("CA and client certificate load");
 }
