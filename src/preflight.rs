@@ -561,7 +561,7 @@ fn write_checks(
             let detail = if code == RDKafkaErrorCode::ClusterAuthorizationFailed
                 || reason.to_ascii_lowercase().contains("authoriz")
             {
-                "missing IDEMPOTENT_WRITE on cluster (clusters older than 2.8 need it; newer ones accept WRITE on any topic)".to_owned()
+                "missing WRITE on the produced topics (Kafka 2.8 and later), or IDEMPOTENT_WRITE on cluster (older clusters)".to_owned()
             } else {
                 format!("the idempotent producer failed: {reason}")
             };

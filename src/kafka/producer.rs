@@ -90,6 +90,13 @@ impl IdempotentProducer {
         })
     }
 
+    /// The error that made the producer unusable, if any (librdkafka's fatal error: for
+    /// the idempotent producer, typically a refused producer id).
+    pub fn fatal_error(&self) -> Option<(rdkafka::types::RDKafkaErrorCode, String)> {
+        use rdkafka::producer::Producer as _;
+        self.producer.client().fatal_error()
+    }
+
     /// Writes `original` (key, value, headers and timestamp kept) to `topic` with `extra`
     /// headers appended, and waits for the broker's acknowledgement.
     pub async fn write_copy(

@@ -442,9 +442,18 @@ async fn apply_error_policy(
                     Some(WorkOutcome::DeadLettered)
                 }
                 Err(e) => {
-                    let reason = if e.rdkafka_error_code()
-                        == Some(rdkafka::types::RDKafkaErrorCode::TopicAuthorizationFailed)
-                    {
+                    use rdkafka::types::RDKafkaErrorCode as C;
+                    // A refused producer id makes the idempotent producer fail every write
+                    // with a fatal error; since Kafka 2.8, WRITE on the topic grants the id.
+                    let refused = e.rdkafka_error_code() == Some(C::TopicAuthorizationFailed)
+                        || matches!(
+                            producer.fatal_error(),
+                            Some((
+                                C::ClusterAuthorizationFailed | C::TopicAuthorizationFailed,
+                                _
+                            ))
+                        );
+                    let reason = if refused {
                         let permission = format!("WRITE on topic {topic}");
                         *trigger
                             .missing_permission

@@ -323,20 +323,30 @@ async fn consumes_over_sasl_ssl_with_exactly_the_product_page_acls_and_produces_
     );
 }
 
-/// Starts the daemon with its log in a file (printed by `stop_daemon`'s caller on failure).
-fn start_daemon(config: &Path) -> (std::process::Child, std::path::PathBuf) {
+/// A daemon subprocess, killed when dropped (also when the test fails).
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the daemon with its log in a file.
+fn start_daemon(config: &Path) -> (Daemon, std::path::PathBuf) {
     let log = std::env::temp_dir().join(format!("{}.log", unique("sec-daemon")));
     eprintln!("daemon log: {}", log.display());
     let daemon = spawn_daemon(config, std::fs::File::create(&log).unwrap().into());
-    (daemon, log)
+    (Daemon(daemon), log)
 }
 
 /// SIGTERM and wait: an orderly stop.
-fn stop_daemon(daemon: &mut std::process::Child) {
+fn stop_daemon(daemon: &mut Daemon) {
     let _ = std::process::Command::new("kill")
-        .args(["-TERM", &daemon.id().to_string()])
+        .args(["-TERM", &daemon.0.id().to_string()])
         .status();
-    let _ = daemon.wait();
+    let _ = daemon.0.wait();
 }
 
 /// No message of `topic` (one partition) was passed over: the group has no committed offset,
@@ -352,9 +362,7 @@ fn assert_nothing_passed(group: &str, topic: &str) {
 /// Runs the daemon with `config` until `/readyz` names `wanted` in `missing_permissions`;
 /// returns the readiness body and the daemon's log.
 async fn daemon_reports(config: &str, port: u16, wanted: &str) -> (Value, String) {
-    let path = temp_config(config);
-    let log = std::env::temp_dir().join(format!("{}.log", unique("sec-daemon")));
-    let mut daemon = spawn_daemon(&path, std::fs::File::create(&log).unwrap().into());
+    let (daemon, log) = start_daemon(&temp_config(config));
     let started = Instant::now();
     let body = wait_for_async(
         &format!("/readyz naming {wanted}"),
@@ -382,8 +390,7 @@ async fn daemon_reports(config: &str, port: u16, wanted: &str) -> (Value, String
         },
     )
     .await;
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    drop(daemon);
     (body, text)
 }
 
@@ -567,8 +574,7 @@ async fn wrong_password_is_a_clear_authentication_error_without_a_retry_storm() 
     );
     assert_no_secret("check output", &out, &secrets);
 
-    let log = std::env::temp_dir().join(format!("{}.log", unique("sec-wrongpw")));
-    let mut daemon = spawn_daemon(&path, std::fs::File::create(&log).unwrap().into());
+    let (daemon, log) = start_daemon(&path);
     let body = wait_for_async(
         "/readyz reporting the authentication failure",
         Duration::from_secs(60),
@@ -586,8 +592,7 @@ async fn wrong_password_is_a_clear_authentication_error_without_a_retry_storm() 
     tokio::time::sleep(window).await;
     let attempts = connections.load(Ordering::SeqCst) - before;
     eprintln!("wrong password: {attempts} connection attempts in {window:?}");
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    drop(daemon);
     // librdkafka backs off exponentially up to reconnect.backoff.max.ms (10 s): a storm would
     // be hundreds.
     assert!(
