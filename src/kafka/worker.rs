@@ -445,14 +445,14 @@ async fn apply_error_policy(
                     use rdkafka::types::RDKafkaErrorCode as C;
                     // A refused producer id makes the idempotent producer fail every write
                     // with a fatal error; since Kafka 2.8, WRITE on the topic grants the id.
+                    let fatal = producer.fatal_error().filter(|(code, _)| {
+                        matches!(
+                            code,
+                            C::ClusterAuthorizationFailed | C::TopicAuthorizationFailed
+                        )
+                    });
                     let refused = e.rdkafka_error_code() == Some(C::TopicAuthorizationFailed)
-                        || matches!(
-                            producer.fatal_error(),
-                            Some((
-                                C::ClusterAuthorizationFailed | C::TopicAuthorizationFailed,
-                                _
-                            ))
-                        );
+                        || fatal.is_some();
                     let reason = if refused {
                         let permission = format!("WRITE on topic {topic}");
                         *trigger
@@ -460,7 +460,10 @@ async fn apply_error_policy(
                             .lock()
                             .unwrap_or_else(|p| p.into_inner()) =
                             Some((Instant::now(), permission.clone()));
-                        format!("missing {permission}")
+                        match fatal {
+                            Some((_, why)) => format!("missing {permission} ({e}: {why})"),
+                            None => format!("missing {permission} ({e})"),
+                        }
                     } else {
                         e.to_string()
                     };
