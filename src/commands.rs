@@ -39,6 +39,23 @@ pub async fn execute(cli: Cli) -> ExitCode {
             Err(e) => fail(&e.to_string()),
         },
         Command::Offsets { command } => tools_command(command).await,
+        Command::Produce(args) => {
+            let config = match Config::load(&args.config) {
+                Ok(c) => c,
+                Err(e) => return fail(&e.to_string()),
+            };
+            telemetry::init_tracing(&LogConfig {
+                level: "warn".to_owned(),
+                ..config.log.clone()
+            });
+            match crate::produce::command::run(&config, &args).await {
+                Ok(summary) => {
+                    eprintln!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&format!("{e:#}")),
+            }
+        }
         Command::Dlq {
             command:
                 DlqCommand::Replay {

@@ -10,6 +10,7 @@
 
 mod connection;
 mod error;
+mod produce;
 mod secret;
 mod trigger;
 
@@ -21,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub use connection::{ConnectionConfig, RegistryConfig};
 pub use error::ConfigError;
+pub use produce::{topic_matches, ProduceConfig, ProducerConfig, TokenGrant};
 pub use secret::{is_secret_property, Secret, REDACTED};
 pub use trigger::{
     DispatcherConfig, ErrorPolicy, Ordering, PayloadFormat, RetryConfig, TriggerConfig,
@@ -39,6 +41,9 @@ pub struct Config {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
+    /// The produce API: tokens and limits.
+    #[serde(default)]
+    pub produce: ProduceConfig,
     /// Kafka connections by name (`[connections.<name>]`). Each runs one consumer in a group.
     #[serde(default)]
     pub connections: BTreeMap<String, ConnectionConfig>,
@@ -158,6 +163,8 @@ impl Config {
         for (name, conn) in &self.connections {
             conn.validate(name)?;
         }
+        let names: Vec<&str> = self.connections.keys().map(String::as_str).collect();
+        self.produce.validate(&names)?;
         Ok(())
     }
 }
@@ -182,6 +189,14 @@ fn apply_env_override(doc: &mut toml::Table, name: &str, value: String) -> Resul
     // connections.<name>.kafka.<property>
     if segments.len() == 4 && segments[0] == "connections" && segments[2] == "kafka" {
         segments[3] = segments[3].replace('_', ".");
+    }
+    // connections.<name>.producer.kafka.<property>
+    if segments.len() == 5
+        && segments[0] == "connections"
+        && segments[2] == "producer"
+        && segments[3] == "kafka"
+    {
+        segments[4] = segments[4].replace('_', ".");
     }
     let parsed = parse_env_value(&value);
     let (last, parents) = segments.split_last().expect("at least one segment");

@@ -148,31 +148,38 @@ const REGISTRY_PROBE: Duration = Duration::from_secs(5);
 /// second per connection, and none while nothing is accepted.
 const COMMIT_INTERVAL: Duration = Duration::from_millis(10);
 
-impl ConnectionSupervisor {
-    /// Creates the consumer and the triggers' clients; opens no connection yet.
+/// Clients of one connection that the consumer and the produce API share: one registry
+/// client (one schema cache) and one idempotent producer.
+#[derive(Debug, Default)]
+pub struct SharedClients {
+    /// The registry client, when the connection has a registry.
+    pub registry: Option<Arc<RegistryClient>>,
+    /// The idempotent producer, when the connection produces (dead letters, produce API).
+    pub producer: Option<super::producer::IdempotentProducer>,
+}
+
+impl SharedClients {
+    /// Builds the clients `config` needs; `produces` says whether the produce API uses this
+    /// connection. Opens no connection yet.
     pub fn try_new(
         name: &str,
         config: &ConnectionConfig,
-        health: HealthRegistry,
+        produces: bool,
     ) -> Result<Self, SupervisorError> {
-        let setup = |reason: String| SupervisorError::Setup {
-            connection: name.to_owned(),
-            reason,
-        };
         let registry = match &config.schema_registry {
-            Some(r) => {
-                Some(Arc::new(RegistryClient::try_new(r).map_err(|e| {
-                    setup(format!("schema registry client: {e}"))
-                })?))
-            }
+            Some(r) => Some(Arc::new(RegistryClient::try_new(r).map_err(|e| {
+                SupervisorError::Setup {
+                    connection: name.to_owned(),
+                    reason: format!("schema registry client: {e}"),
+                }
+            })?)),
             None => None,
         };
-        let decoder = Decoder::new(registry.clone());
-        let needs_producer = config
+        let dead_letters = config
             .triggers
             .values()
             .any(|t| t.on_error == crate::config::ErrorPolicy::DeadLetter);
-        let producer = if needs_producer {
+        let producer = if dead_letters || produces {
             Some(
                 super::producer::IdempotentProducer::try_new(name, config).map_err(|source| {
                     SupervisorError::Kafka {
@@ -184,6 +191,26 @@ impl ConnectionSupervisor {
         } else {
             None
         };
+        Ok(Self { registry, producer })
+    }
+}
+
+impl ConnectionSupervisor {
+    /// Creates the consumer and the triggers' clients; opens no connection yet. `shared`
+    /// holds the clients the connection shares with the produce API.
+    pub fn try_new(
+        name: &str,
+        config: &ConnectionConfig,
+        health: HealthRegistry,
+        shared: &SharedClients,
+    ) -> Result<Self, SupervisorError> {
+        let setup = |reason: String| SupervisorError::Setup {
+            connection: name.to_owned(),
+            reason,
+        };
+        let registry = shared.registry.clone();
+        let decoder = Decoder::new(registry.clone());
+        let producer = shared.producer.clone();
         let mut triggers = HashMap::new();
         for (tname, t) in &config.triggers {
             let dispatcher = HttpDispatcher::try_new(&t.dispatcher)
