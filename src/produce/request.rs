@@ -87,7 +87,8 @@ struct Wire {
     topic: Option<String>,
     #[serde(default)]
     key: Option<Json>,
-    #[serde(default)]
+    /// `Some(Null)` when the body says `"value": null` (a tombstone); `None` when absent.
+    #[serde(default, deserialize_with = "present")]
     value: Option<Json>,
     #[serde(default)]
     headers: BTreeMap<String, Option<String>>,
@@ -107,6 +108,10 @@ struct Wire {
     messages: Option<Vec<Wire>>,
     #[serde(default)]
     transactional: bool,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Json>, D::Error> {
+    Json::deserialize(d).map(Some)
 }
 
 /// Parses a request body; `max_batch` bounds the number of messages.
