@@ -16,13 +16,14 @@ pub async fn execute(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail(&e.to_string()),
             };
-            telemetry::init_tracing(&config.log);
+            let traces = telemetry::init_tracing(&config.log, config.otlp.as_ref());
             let token = CancellationToken::new();
             shutdown::spawn_signal_handler(token.clone());
             let result = match App::build(config) {
                 Ok(app) => app.run(token, true).await,
                 Err(e) => Err(e.into()),
             };
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&format!("{e:#}")),
@@ -44,10 +45,13 @@ pub async fn execute(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail(&e.to_string()),
             };
-            telemetry::init_tracing(&LogConfig {
-                level: "warn".to_owned(),
-                ..config.log.clone()
-            });
+            let _ = telemetry::init_tracing(
+                &LogConfig {
+                    level: "warn".to_owned(),
+                    ..config.log.clone()
+                },
+                None,
+            );
             match crate::produce::command::run(&config, &args).await {
                 Ok(summary) => {
                     eprintln!("{summary}");
@@ -97,7 +101,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
             fail_ratio,
             fail_status,
         } => {
-            telemetry::init_tracing(&LogConfig::default());
+            let _ = telemetry::init_tracing(&LogConfig::default(), None);
             let token = CancellationToken::new();
             shutdown::spawn_signal_handler(token.clone());
             let faults = Faults {

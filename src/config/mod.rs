@@ -10,6 +10,7 @@
 
 mod connection;
 mod error;
+mod otlp;
 mod produce;
 mod secret;
 mod trigger;
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 pub use connection::{ConnectionConfig, RegistryConfig};
 pub use error::ConfigError;
+pub use otlp::{OtlpConfig, OtlpProtocol};
 pub use produce::{topic_matches, ProduceConfig, ProducerConfig, TokenGrant};
 pub use secret::{is_secret_property, Secret, REDACTED};
 pub use trigger::{
@@ -41,6 +43,9 @@ pub struct Config {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
+    /// OpenTelemetry trace export; absent: off.
+    #[serde(default)]
+    pub otlp: Option<OtlpConfig>,
     /// The produce API: tokens and limits.
     #[serde(default)]
     pub produce: ProduceConfig,
@@ -165,6 +170,9 @@ impl Config {
         }
         let names: Vec<&str> = self.connections.keys().map(String::as_str).collect();
         self.produce.validate(&names)?;
+        if let Some(o) = &self.otlp {
+            o.validate()?;
+        }
         Ok(())
     }
 }

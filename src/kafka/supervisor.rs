@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
@@ -90,6 +91,8 @@ struct Completion {
     offset: i64,
     key: Option<Vec<u8>>,
     outcome: WorkOutcome,
+    /// The message's trace span (disabled unless traces are exported).
+    span: tracing::Span,
 }
 
 struct PendingRevoke {
@@ -446,9 +449,17 @@ impl ConnectionSupervisor {
         let Some(p) = self.partitions.get_mut(&c.tp) else {
             return;
         };
+        c.span.record("tessel.outcome", c.outcome.label());
         match c.outcome {
             WorkOutcome::Accepted | WorkOutcome::Skipped | WorkOutcome::DeadLettered => {
                 metrics::handled(&self.name, &p.trigger.name, c.outcome.label());
+                let _commit = tracing::info_span!(
+                    target: crate::telemetry::trace::TARGET,
+                    parent: &c.span,
+                    "commit",
+                    messaging.kafka.offset = c.offset,
+                )
+                .entered();
                 p.tracker.handled(c.offset);
             }
             WorkOutcome::Abandoned => {}
@@ -551,6 +562,12 @@ impl ConnectionSupervisor {
                 offset: msg.offset(),
                 key,
                 outcome: WorkOutcome::Abandoned,
+                span: crate::telemetry::trace::message_span(
+                    &self.name,
+                    self.config.group_id(),
+                    &p.trigger.name,
+                    &msg,
+                ),
             };
             let trigger = Arc::clone(&p.trigger);
             let drain = p.drain.clone();
@@ -564,9 +581,11 @@ impl ConnectionSupervisor {
                 }
             };
             metrics::in_flight(&self.name, 1.0);
+            let span = completion.span.clone();
             self.tasks.spawn(async move {
-                let outcome =
-                    worker::process(trigger, msg, Some(permit), drain, cancel, yielded).await;
+                let outcome = worker::process(trigger, msg, Some(permit), drain, cancel, yielded)
+                    .instrument(span)
+                    .await;
                 let _ = done.send(WorkerEvent::Finished(Completion {
                     outcome,
                     ..completion
