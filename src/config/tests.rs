@@ -210,7 +210,12 @@ max_attempts = 3
     let value = toml::Value::try_from(&config).unwrap();
     let mut names = std::collections::BTreeSet::new();
     field_names(&value, false, &mut names);
-    for expected in ["export_interval_ms", "stall_after_ms", "ack_timeout_ms", "max_attempts"] {
+    for expected in [
+        "export_interval_ms",
+        "stall_after_ms",
+        "ack_timeout_ms",
+        "max_attempts",
+    ] {
         assert!(names.contains(expected), "{expected} not walked: {names:?}");
     }
     let example = include_str!("../../config/example.toml");
