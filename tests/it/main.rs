@@ -2,11 +2,14 @@
 //! The one integration-test binary.
 //!
 //! - `cli`: the binary's behaviour that needs no broker (config errors).
+//! - `compose`: `docker-compose.yml` validated by Docker Compose's loader (compose-go, through
+//!   `scripts/compose-check.sh`; needs Go, not Docker) and consistent with its connector config.
 //! - `broker`: tests against the real Kafka broker and Schema Registry started by
 //!   `scripts/stack up`; compiled only with the `kafka-integration-tests` feature, which
 //!   `scripts/test` turns on. With the feature on, a missing stack fails the tests.
 
 mod cli;
+mod compose;
 mod support;
 
 #[cfg(feature = "kafka-integration-tests")]
