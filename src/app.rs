@@ -3,30 +3,50 @@
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use crate::config::Config;
 use crate::health::HealthRegistry;
-use crate::kafka::supervisor::{ConnectionSupervisor, SupervisorError};
+use crate::kafka::supervisor::{ConnectionSupervisor, SharedClients, SupervisorError};
+use crate::produce::api::ProduceApi;
+use crate::produce::Publisher;
 
 /// The running daemon.
 pub struct App {
     config: Config,
     supervisors: Vec<ConnectionSupervisor>,
     health: HealthRegistry,
+    produce: Arc<ProduceApi>,
 }
 
 impl App {
-    /// Creates every connection's consumer and clients. Opens no network connection.
+    /// Creates every connection's consumer and clients, and the produce API over the
+    /// connections a token grants. Opens no network connection.
     pub fn build(config: Config) -> Result<Self, SupervisorError> {
         let health = HealthRegistry::default();
-        let supervisors = config
-            .connections
-            .iter()
-            .map(|(name, c)| ConnectionSupervisor::try_new(name, c, health.clone()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut supervisors = Vec::new();
+        let mut publishers = HashMap::new();
+        for (name, c) in &config.connections {
+            let produces = config.produce.grants_connection(name);
+            let shared = SharedClients::try_new(name, c, produces)?;
+            if let (true, Some(producer)) = (produces, &shared.producer) {
+                let publisher = Publisher::new(name, c, producer.clone(), shared.registry.clone());
+                let _ = publishers.insert(name.clone(), Arc::new(publisher));
+            }
+            supervisors.push(ConnectionSupervisor::try_new(
+                name,
+                c,
+                health.clone(),
+                &shared,
+            )?);
+        }
+        let produce = Arc::new(ProduceApi::new(publishers, config.produce.clone()));
         Ok(Self {
             config,
             supervisors,
             health,
+            produce,
         })
     }
 
@@ -39,8 +59,9 @@ impl App {
             let health = self.health.clone();
             let addr = self.config.server.listen;
             let token = shutdown.clone();
+            let produce = Arc::clone(&self.produce).router();
             tracker.spawn(async move {
-                if let Err(e) = crate::admin::serve(addr, metrics, health, token).await {
+                if let Err(e) = crate::admin::serve(addr, metrics, health, produce, token).await {
                     tracing::error!(%addr, error = %e, "admin server failed");
                 }
             });

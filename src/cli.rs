@@ -51,6 +51,10 @@ pub enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Write records through a connection's idempotent producer (the produce API's encoding
+    /// and checks, without a token). Records are JSON objects, one per line, as the API takes
+    /// them; each acknowledged record prints `{"topic", "partition", "offset"}`.
+    Produce(ProduceArgs),
     /// Run a local run dispatcher that prints one line per run.
     DevDispatcher {
         /// Address to listen on.
@@ -135,4 +139,42 @@ pub enum DlqCommand {
         #[arg(long)]
         to: Option<i64>,
     },
+}
+
+/// `tessel-kafka produce`.
+#[derive(Debug, clap::Args)]
+pub struct ProduceArgs {
+    /// Configuration file (TOML).
+    #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
+    pub config: PathBuf,
+    /// The connection (needed when the file has several).
+    #[arg(long)]
+    pub connection: Option<String>,
+    /// Topic of records that name none.
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// One record's value (JSON); without it, records are read from --input.
+    #[arg(long)]
+    pub value: Option<String>,
+    /// That record's key (a string).
+    #[arg(long, requires = "value")]
+    pub key: Option<String>,
+    /// A header `name=value` of that record; repeatable.
+    #[arg(long = "header", requires = "value")]
+    pub headers: Vec<String>,
+    /// Value format of records that name none: schema_registry, json, string, bytes.
+    #[arg(long)]
+    pub value_format: Option<String>,
+    /// File of JSON lines (`-`: standard input).
+    #[arg(long, default_value = "-")]
+    pub input: PathBuf,
+    /// Records per batch (one round of acknowledgements).
+    #[arg(long, default_value_t = 1000)]
+    pub batch: usize,
+    /// Write each batch in one transaction (needs transactional_id_prefix).
+    #[arg(long)]
+    pub transactional: bool,
+    /// Print only a summary line, not one line per record.
+    #[arg(long)]
+    pub quiet: bool,
 }

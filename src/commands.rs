@@ -16,7 +16,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail(&e.to_string()),
             };
-            telemetry::init_tracing(&config.log);
+            let traces = telemetry::init_tracing(&config.log, config.otlp.as_ref());
             for notice in config.notices() {
                 tracing::info!(notice = %notice, "configuration translated");
             }
@@ -26,6 +26,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
                 Ok(app) => app.run(token, true).await,
                 Err(e) => Err(e.into()),
             };
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&format!("{e:#}")),
@@ -47,6 +48,26 @@ pub async fn execute(cli: Cli) -> ExitCode {
         },
         Command::Check { config, json } => check_command(&config, json).await,
         Command::Offsets { command } => tools_command(command).await,
+        Command::Produce(args) => {
+            let config = match Config::load(&args.config) {
+                Ok(c) => c,
+                Err(e) => return fail(&e.to_string()),
+            };
+            let _ = telemetry::init_tracing(
+                &LogConfig {
+                    level: "warn".to_owned(),
+                    ..config.log.clone()
+                },
+                None,
+            );
+            match crate::produce::command::run(&config, &args).await {
+                Ok(summary) => {
+                    eprintln!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&format!("{e:#}")),
+            }
+        }
         Command::Dlq {
             command:
                 DlqCommand::Replay {
@@ -88,7 +109,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
             fail_ratio,
             fail_status,
         } => {
-            telemetry::init_tracing(&LogConfig::default());
+            let _ = telemetry::init_tracing(&LogConfig::default(), None);
             let token = CancellationToken::new();
             shutdown::spawn_signal_handler(token.clone());
             let faults = Faults {
@@ -180,7 +201,7 @@ async fn check_command(config: &std::path::Path, json: bool) -> ExitCode {
     };
     // The report is the output; the client's own log only when asked for (RUST_LOG).
     if std::env::var_os("RUST_LOG").is_some() {
-        telemetry::init_tracing(&config.log);
+        let _ = telemetry::init_tracing(&config.log, None);
     }
     let lines = crate::preflight::run(&config).await;
     if json {

@@ -7,6 +7,7 @@
 //! - [`codec`]: Confluent wire format, Schema Registry client, Avro/Protobuf/JSON to JSON.
 //! - [`dispatch`]: the run dispatcher client and retry policy.
 //! - [`event`]: the event contract sent to the dispatcher.
+//! - [`produce`]: the produce API and command: encode, authorize, write.
 //! - [`cli`], [`commands`]: the command line and what each command does.
 //! - [`app`], [`shutdown`], [`admin`], [`telemetry`]: running the daemon.
 //! - [`tools`]: offsets show / reset and dead-letter replay.
@@ -25,6 +26,7 @@ pub mod event;
 pub mod health;
 pub mod kafka;
 pub mod preflight;
+pub mod produce;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tools;

@@ -105,8 +105,8 @@ pub async fn run(config: &Config) -> Vec<CheckLine> {
     let mut lines = Vec::new();
     for (name, conn) in &config.connections {
         let kafka = {
-            let owned = (name.clone(), conn.clone());
-            tokio::task::spawn_blocking(move || kafka_checks(&owned.0, &owned.1))
+            let owned = (name.clone(), conn.clone(), config.produced_topics(name));
+            tokio::task::spawn_blocking(move || kafka_checks(&owned.0, &owned.1, &owned.2))
                 .await
                 .unwrap_or_else(|e| {
                     vec![CheckLine {
@@ -134,7 +134,7 @@ pub async fn run(config: &Config) -> Vec<CheckLine> {
 /// cluster cannot be asked. Used by the daemon to say precisely what an authorization error
 /// means.
 pub fn missing_consumer_permissions(name: &str, conn: &ConnectionConfig) -> Vec<String> {
-    kafka_checks(name, conn)
+    kafka_checks(name, conn, &BTreeSet::new())
         .into_iter()
         .filter(|l| l.status == CheckStatus::Fail && l.detail.starts_with("missing "))
         .map(|l| l.check)
@@ -177,21 +177,25 @@ fn client_config(conn: &ConnectionConfig) -> ClientConfig {
     cfg
 }
 
-fn kafka_checks(name: &str, conn: &ConnectionConfig) -> Vec<CheckLine> {
+/// The Kafka checks of one connection; WRITE (and the producer id) only for `produced`.
+fn kafka_checks(
+    name: &str,
+    conn: &ConnectionConfig,
+    produced: &BTreeSet<String>,
+) -> Vec<CheckLine> {
     let mut r = Report {
         connection: name,
         lines: Vec::new(),
     };
     let topics: BTreeSet<&str> = conn.topics();
     let group = conn.group_id().to_owned();
-    let produced = conn.produced_topics();
     let skip_all = |r: &mut Report<'_>, why: &str| {
         for t in &topics {
             r.skip(format!("DESCRIBE on topic {t}"), why);
             r.skip(format!("READ on topic {t}"), why);
         }
         r.skip(format!("READ on group {group}"), why);
-        for t in &produced {
+        for t in produced {
             r.skip(format!("WRITE on topic {t}"), why);
         }
         if !produced.is_empty() {
@@ -336,7 +340,7 @@ fn kafka_checks(name: &str, conn: &ConnectionConfig) -> Vec<CheckLine> {
 
     // WRITE and the idempotent producer id, only where the connection produces.
     if !produced.is_empty() {
-        write_checks(&mut r, name, conn, &produced);
+        write_checks(&mut r, name, conn, produced);
     }
     r.lines
 }
@@ -465,7 +469,7 @@ fn write_checks(
     r: &mut Report<'_>,
     name: &str,
     conn: &ConnectionConfig,
-    produced: &BTreeSet<&str>,
+    produced: &BTreeSet<String>,
 ) {
     let producer_cfg = |idempotent: bool| {
         let mut cfg = crate::kafka::producer::producer_config(name, conn);

@@ -1,4 +1,5 @@
-//! The daemon's own HTTP server: `/metrics`, `/healthz`, `/readyz`.
+//! The daemon's own HTTP server: `/metrics`, `/healthz`, `/readyz`, and the produce API's
+//! routes (`crate::produce::api`).
 
 use std::net::SocketAddr;
 
@@ -23,6 +24,7 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: Option<PrometheusHandle>,
     health: HealthRegistry,
+    extra: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let state = AdminState { metrics, health };
@@ -33,7 +35,8 @@ pub async fn serve(
             get(|| async { Json(serde_json::json!({"status": "ok"})) }),
         )
         .route("/readyz", get(ready_handler))
-        .with_state(state);
+        .with_state(state)
+        .merge(extra);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "admin server listening");
     axum::serve(listener, app)

@@ -22,6 +22,11 @@ impl<'a> Names<'a> {
         }
         Self(names)
     }
+
+    /// The named schema `name` refers to.
+    pub(crate) fn get(&self, name: &apache_avro::schema::Name) -> Option<&'a Schema> {
+        self.0.get(name).copied()
+    }
 }
 
 fn walk<'a>(schema: &'a Schema, names: &mut HashMap<Name, &'a Schema>) {

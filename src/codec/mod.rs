@@ -6,6 +6,8 @@
 //! value mapping) live in [`wire`], [`avro`] and [`protobuf`].
 
 mod avro;
+pub mod avro_json;
+pub mod encode;
 mod protobuf;
 pub mod registry;
 mod time;
@@ -100,7 +102,9 @@ impl DecodeError {
     pub fn disposition(&self) -> Disposition {
         match self {
             Self::Registry(
-                RegistryError::Unavailable(_) | RegistryError::SchemaNotFound { .. },
+                RegistryError::Unavailable(_)
+                | RegistryError::SchemaNotFound { .. }
+                | RegistryError::SubjectNotFound { .. },
             ) => Disposition::Retry,
             Self::Registry(RegistryError::Unauthorized { .. }) | Self::NoRegistry => {
                 Disposition::Fatal
@@ -125,7 +129,9 @@ impl DecodeError {
     pub fn class(&self) -> &'static str {
         match self {
             Self::Wire(_) => "wire_format",
-            Self::Registry(RegistryError::SchemaNotFound { .. }) => "schema_not_found",
+            Self::Registry(
+                RegistryError::SchemaNotFound { .. } | RegistryError::SubjectNotFound { .. },
+            ) => "schema_not_found",
             Self::Registry(RegistryError::Unauthorized { .. }) => "registry_unauthorized",
             Self::Registry(RegistryError::Unavailable(_)) => "registry_unavailable",
             Self::Registry(RegistryError::Invalid { .. }) => "schema_invalid",

@@ -118,6 +118,14 @@ pub enum RegistryError {
         /// The registry's message.
         message: String,
     },
+    /// The registry has no such subject, or no such version under it (40401, 40402).
+    #[error("no schema registered under subject {subject:?} version {version}")]
+    SubjectNotFound {
+        /// The subject asked for.
+        subject: String,
+        /// The version asked for (`latest` or a number).
+        version: String,
+    },
     /// Timeouts, connection errors, 408, 429 and 5xx: try again later.
     #[error("schema registry unavailable: {0}")]
     Unavailable(String),
@@ -169,7 +177,15 @@ enum Slot {
 pub struct RegistryClient {
     inner: Arc<Inner>,
     cache: Mutex<HashMap<u32, Slot>>,
+    /// Subject and version to schema id, with when it was learned (for `latest`).
+    subjects: Mutex<HashMap<SubjectKey, (u32, std::time::Instant)>>,
 }
+
+/// A subject and a version (`None`: the latest).
+type SubjectKey = (String, Option<i64>);
+
+/// How long `latest` of a subject is trusted before it is asked for again.
+const LATEST_TTL: Duration = Duration::from_secs(30);
 
 struct Inner {
     http: reqwest::Client,
@@ -276,7 +292,36 @@ impl RegistryClient {
                 auth,
             }),
             cache: Mutex::new(HashMap::new()),
+            subjects: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The schema registered under `subject` at `version` (`None`: the latest), compiled.
+    /// A numbered version is cached for good; `latest` is asked again after 30 s, so a new
+    /// version is picked up without a restart. Never registers a schema.
+    pub async fn schema_for_subject(
+        &self,
+        subject: &str,
+        version: Option<i64>,
+    ) -> Result<Arc<ResolvedSchema>, RegistryError> {
+        let key = (subject.to_owned(), version);
+        let known = {
+            let subjects = self.subjects.lock().unwrap_or_else(|p| p.into_inner());
+            subjects
+                .get(&key)
+                .filter(|(_, at)| version.is_some() || at.elapsed() < LATEST_TTL)
+                .map(|(id, _)| *id)
+        };
+        let id = match known {
+            Some(id) => id,
+            None => {
+                let id = self.inner.subject_version_id(subject, version).await?;
+                let mut subjects = self.subjects.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = subjects.insert(key, (id, std::time::Instant::now()));
+                id
+            }
+        };
+        self.schema(id).await
     }
 
     /// The compiled schema for `id`, from the cache or the registry.
@@ -326,6 +371,33 @@ impl RegistryClient {
 }
 
 impl Inner {
+    async fn subject_version_id(
+        &self,
+        subject: &str,
+        version: Option<i64>,
+    ) -> Result<u32, RegistryError> {
+        #[derive(Deserialize)]
+        struct IdOnly {
+            id: u32,
+        }
+        let v = version.map_or_else(|| "latest".to_owned(), |v| v.to_string());
+        let path = format!("/subjects/{}/versions/{v}", urlencode(subject));
+        match self.get_json::<IdOnly>(&path, 0).await {
+            Ok(r) => Ok(r.id),
+            Err(RegistryError::SchemaNotFound { .. }) => Err(RegistryError::SubjectNotFound {
+                subject: subject.to_owned(),
+                version: v,
+            }),
+            Err(RegistryError::Invalid { reason, .. }) if reason.starts_with("HTTP 404") => {
+                Err(RegistryError::SubjectNotFound {
+                    subject: subject.to_owned(),
+                    version: v,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     async fn fetch(&self, id: u32) -> Result<ResolvedSchema, RegistryError> {
         let root: SchemaResponse = self.get_json(&format!("/schemas/ids/{id}"), id).await?;
         let schema_type = match root.schema_type.as_deref().unwrap_or("AVRO") {
@@ -416,7 +488,9 @@ impl Inner {
 fn classify_status(status: u16, error_code: i64, message: String, id: u32) -> RegistryError {
     match status {
         401 | 403 => RegistryError::Unauthorized { status, message },
-        404 if error_code == 40403 || error_code == 0 => RegistryError::SchemaNotFound { id },
+        404 if matches!(error_code, 0 | 40401 | 40402 | 40403) => {
+            RegistryError::SchemaNotFound { id }
+        }
         408 | 429 | 500..=599 => RegistryError::Unavailable(format!("HTTP {status} {message}")),
         _ => RegistryError::Invalid {
             id,

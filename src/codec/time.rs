@@ -59,6 +59,91 @@ pub(crate) fn timestamp(count: i64, per_second: i64, utc: bool) -> String {
     )
 }
 
+/// (year, month, day) to days since 1970-01-01, proleptic Gregorian (Hinnant's algorithm).
+pub(crate) fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn digits(s: &str) -> Option<i64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// `YYYY-MM-DD` to days since the epoch.
+pub(crate) fn parse_date(s: &str) -> Option<i64> {
+    let mut parts = s.splitn(3, '-');
+    let (y, m, d) = (parts.next()?, parts.next()?, parts.next()?);
+    if y.len() != 4 || m.len() != 2 || d.len() != 2 {
+        return None;
+    }
+    let (y, m, d) = (digits(y)?, digits(m)?, digits(d)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let days = days_from_civil(y, m as u32, d as u32);
+    // Reject dates such as 2023-02-30 that do not round-trip.
+    (civil_from_days(days) == (y, m as u32, d as u32)).then_some(days)
+}
+
+/// `HH:MM:SS[.fraction]` to nanoseconds since midnight.
+pub(crate) fn parse_time_of_day(s: &str) -> Option<i64> {
+    let (hms, frac) = match s.split_once('.') {
+        Some((a, b)) => (a, Some(b)),
+        None => (s, None),
+    };
+    let mut parts = hms.split(':');
+    let (h, m, sec) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || h.len() != 2 || m.len() != 2 || sec.len() != 2 {
+        return None;
+    }
+    let (h, m, sec) = (digits(h)?, digits(m)?, digits(sec)?);
+    if h > 23 || m > 59 || sec > 60 {
+        return None;
+    }
+    let nanos = match frac {
+        None => 0,
+        Some(f) if !f.is_empty() && f.len() <= 9 => digits(f)? * 10_i64.pow(9 - f.len() as u32),
+        Some(_) => return None,
+    };
+    Some(((h * 60 + m) * 60 + sec) * 1_000_000_000 + nanos)
+}
+
+/// An RFC 3339 timestamp to nanoseconds since the epoch. With `utc`, an offset (`Z` or
+/// `+HH:MM`) is required and applied; without, none may be given (Avro's local timestamps).
+pub(crate) fn parse_timestamp(s: &str, utc: bool) -> Option<i128> {
+    let (date, rest) = s.split_once(['T', 't', ' '])?;
+    let days = parse_date(date)?;
+    let (time, offset_secs) = if utc {
+        if let Some(t) = rest.strip_suffix(['Z', 'z']) {
+            (t, 0)
+        } else {
+            let at = rest.rfind(['+', '-'])?;
+            let (t, off) = rest.split_at(at);
+            let sign = if off.starts_with('-') { -1 } else { 1 };
+            let (oh, om) = off[1..].split_once(':')?;
+            if oh.len() != 2 || om.len() != 2 {
+                return None;
+            }
+            (t, sign * (digits(oh)? * 3600 + digits(om)? * 60))
+        }
+    } else {
+        (rest, 0)
+    };
+    let nanos = parse_time_of_day(time)?;
+    Some(
+        i128::from(days) * 86_400_000_000_000 + i128::from(nanos)
+            - i128::from(offset_secs) * 1_000_000_000,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,5 +163,29 @@ mod tests {
             "1970-01-01T00:00:01.500000"
         );
         assert_eq!(time_of_day(3_723_004_000_000, 3), "01:02:03.004");
+    }
+
+    #[test]
+    fn parses_what_it_formats() {
+        for days in [-700_000, -1, 0, 1, 19_723, 2_932_896] {
+            assert_eq!(parse_date(&date(days)), Some(days));
+        }
+        assert_eq!(parse_date("2023-02-30"), None);
+        assert_eq!(parse_date("2023-2-3"), None);
+        assert_eq!(parse_time_of_day("01:02:03.004"), Some(3_723_004_000_000));
+        assert_eq!(parse_time_of_day("24:00:00"), None);
+        for ms in [-1_i64, 0, 1_700_000_000_123] {
+            let s = timestamp(ms, 1_000, true);
+            assert_eq!(parse_timestamp(&s, true), Some(i128::from(ms) * 1_000_000));
+        }
+        assert_eq!(
+            parse_timestamp("2023-11-14T23:13:20.123+01:00", true),
+            Some(1_700_000_000_123_000_000)
+        );
+        assert_eq!(parse_timestamp("2023-11-14T22:13:20", true), None);
+        assert_eq!(
+            parse_timestamp("1970-01-01T00:00:01.500000", false),
+            Some(1_500_000_000)
+        );
     }
 }

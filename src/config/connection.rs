@@ -27,6 +27,9 @@ pub struct ConnectionConfig {
     /// The Schema Registry used to decode `schema_registry` and `auto` formats.
     #[serde(default)]
     pub schema_registry: Option<RegistryConfig>,
+    /// The connection's idempotent producer (produce API, dead-letter writes).
+    #[serde(default)]
+    pub producer: super::produce::ProducerConfig,
     /// Triggers by name. A trigger maps topics to the workflow each message starts.
     #[serde(default)]
     pub triggers: BTreeMap<String, TriggerConfig>,
@@ -279,6 +282,7 @@ impl ConnectionConfig {
                 ));
             }
         }
+        self.producer.validate(name)?;
         if self.max_buffered_per_partition == 0 {
             return Err(ConfigError::invalid(
                 key("max_buffered_per_partition"),

@@ -10,6 +10,8 @@
 
 mod connection;
 mod error;
+mod otlp;
+mod produce;
 mod secret;
 pub mod security;
 mod trigger;
@@ -22,6 +24,8 @@ use serde::{Deserialize, Serialize};
 
 pub use connection::{ConnectionConfig, RegistryConfig};
 pub use error::ConfigError;
+pub use otlp::{OtlpConfig, OtlpProtocol};
+pub use produce::{topic_matches, ProduceConfig, ProducerConfig, TokenGrant};
 pub use secret::{is_secret_property, Secret, REDACTED};
 pub use trigger::{
     DispatcherConfig, ErrorPolicy, Ordering, PayloadFormat, RetryConfig, TriggerConfig,
@@ -40,6 +44,12 @@ pub struct Config {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
+    /// OpenTelemetry trace export; absent: off.
+    #[serde(default)]
+    pub otlp: Option<OtlpConfig>,
+    /// The produce API: tokens and limits.
+    #[serde(default)]
+    pub produce: ProduceConfig,
     /// Kafka connections by name (`[connections.<name>]`). Each runs one consumer in a group.
     #[serde(default)]
     pub connections: BTreeMap<String, ConnectionConfig>,
@@ -162,7 +172,29 @@ impl Config {
         for (name, conn) in &self.connections {
             conn.validate(name)?;
         }
+        let names: Vec<&str> = self.connections.keys().map(String::as_str).collect();
+        self.produce.validate(&names)?;
+        if let Some(o) = &self.otlp {
+            o.validate()?;
+        }
         Ok(())
+    }
+
+    /// Topics connection `name` writes to: its [`ConnectionConfig::produced_topics`] plus
+    /// every exact topic name (not a `prefix*` pattern) a produce token grants on it. The
+    /// principal needs WRITE on each; `tessel-kafka check` probes them.
+    pub fn produced_topics(&self, name: &str) -> std::collections::BTreeSet<String> {
+        let mut topics: std::collections::BTreeSet<String> = self
+            .connections
+            .get(name)
+            .map(|c| c.produced_topics().into_iter().map(str::to_owned).collect())
+            .unwrap_or_default();
+        for grant in self.produce.tokens.values() {
+            if grant.connections.iter().any(|c| c == "*" || c == name) {
+                topics.extend(grant.topics.iter().filter(|t| !t.ends_with('*')).cloned());
+            }
+        }
+        topics
     }
 
     /// What the loader translated, as `connection: notice` lines (logged at start).
@@ -198,6 +230,14 @@ fn apply_env_override(doc: &mut toml::Table, name: &str, value: String) -> Resul
     // connections.<name>.kafka.<property>
     if segments.len() == 4 && segments[0] == "connections" && segments[2] == "kafka" {
         segments[3] = segments[3].replace('_', ".");
+    }
+    // connections.<name>.producer.kafka.<property>
+    if segments.len() == 5
+        && segments[0] == "connections"
+        && segments[2] == "producer"
+        && segments[3] == "kafka"
+    {
+        segments[4] = segments[4].replace('_', ".");
     }
     let parsed = parse_env_value(&value);
     let (last, parents) = segments.split_last().expect("at least one segment");

@@ -268,3 +268,95 @@ fn registry_client_certificate_needs_its_key() {
     let err = load(&text).unwrap_err().to_string();
     assert!(err.contains("key_location"), "{err}");
 }
+
+/// Names of every field under `value`, skipping the names of free-form map entries
+/// (connections, triggers, tokens, Kafka properties, headers) but walking their values.
+fn field_names(value: &toml::Value, in_map: bool, out: &mut std::collections::BTreeSet<String>) {
+    if let toml::Value::Table(t) = value {
+        for (k, v) in t {
+            if !in_map {
+                let _ = out.insert(k.clone());
+            }
+            let map = !in_map
+                && matches!(
+                    k.as_str(),
+                    "connections" | "triggers" | "tokens" | "kafka" | "headers"
+                );
+            field_names(v, map, out);
+        }
+    }
+}
+
+#[test]
+fn example_config_documents_every_field() {
+    let full = format!(
+        r#"{MINIMAL}
+[otlp]
+endpoint = "http://collector:4318"
+headers = {{ "x-key" = "k" }}
+[produce.tokens.wf]
+token = "0123456789abcdef"
+connections = ["orders"]
+topics = ["out"]
+[connections.orders.schema_registry]
+url = "http://registry:8081"
+username = "u"
+password = "p"
+ca_location = "/ca.pem"
+certificate_location = "/client.pem"
+key_location = "/client.key"
+[connections.orders.producer]
+transactional_id_prefix = "tx"
+kafka = {{ "linger.ms" = "5" }}
+[connections.orders.triggers.fraud.retry]
+max_attempts = 3
+"#
+    )
+    .replace(
+        "[connections.orders.kafka]",
+        "[connections.orders]\nproduce_topics = [\"audit\"]\n[connections.orders.kafka]",
+    )
+    .replace(
+        "workflow = \"fraud-check\"",
+        "workflow = \"fraud-check\"\ndead_letter_topic = \"dlq\"\non_error = \"dead_letter\"",
+    )
+    .replace(
+        "dispatcher = { url = \"http://127.0.0.1:8080/runs\" }",
+        "dispatcher = { url = \"http://127.0.0.1:8080/runs\", token = \"t\", headers = { \"X\" = \"y\" } }",
+    );
+    let config = load(&full).unwrap();
+    let value = toml::Value::try_from(&config).unwrap();
+    let mut names = std::collections::BTreeSet::new();
+    field_names(&value, false, &mut names);
+    for expected in [
+        "export_interval_ms",
+        "stall_after_ms",
+        "ack_timeout_ms",
+        "max_attempts",
+        "produce_topics",
+        "key_location",
+    ] {
+        assert!(names.contains(expected), "{expected} not walked: {names:?}");
+    }
+    let example = include_str!("../../config/example.toml");
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| {
+            !(example.contains(&format!("{n} ="))
+                || example.contains(&format!(".{n}]"))
+                || example.contains(&format!("[{n}]"))
+                || example.contains(&format!(".{n}.")))
+        })
+        .collect();
+    assert!(missing.is_empty(), "config/example.toml lacks {missing:?}");
+}
+
+#[test]
+fn produced_topics_include_exact_topics_of_produce_grants() {
+    let text = format!(
+        "{MINIMAL}\n[produce.tokens.wf]\ntoken = \"0123456789abcdef\"\nconnections = [\"orders\"]\ntopics = [\"audit\", \"cdc.*\"]"
+    );
+    let c = load(&text).unwrap();
+    let produced: Vec<String> = c.produced_topics("orders").into_iter().collect();
+    assert_eq!(produced, vec!["audit".to_owned()]);
+}

@@ -1,15 +1,20 @@
-//! The connection's idempotent producer (`enable.idempotence=true`, `acks=all`), used for
-//! dead-letter records. A record counts as written only once the broker acknowledged it.
+//! The connection's idempotent producer (`enable.idempotence=true`, `acks=all`), shared by
+//! dead-letter writes and the produce API, and its transactional sibling for all-or-nothing
+//! batches. A record counts as written only once the broker acknowledged it.
 
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::Timestamp;
 
+use super::security::{MskIamSigner, SecurityContext};
 use crate::config::ConnectionConfig;
+
+/// The producer client: its context forwards librdkafka's log and serves MSK IAM tokens.
+type Client = FutureProducer<SecurityContext>;
 
 /// Consumer-only properties that a producer built from a connection leaves out.
 const CONSUMER_ONLY: &[&str] = &[
@@ -36,11 +41,12 @@ const CONSUMER_ONLY: &[&str] = &[
     "check.crcs",
 ];
 
-/// How long one write may take before it is reported as failed.
-const MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a blocking metadata or transaction call may take.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The producer configuration of a connection: its cluster and security settings, with
-/// idempotence and full acknowledgement forced on.
+/// The producer configuration of a connection: its cluster and security settings plus
+/// `[connections.<name>.producer] kafka`, with idempotence and full acknowledgement forced on.
+/// Topics are never created by producing (`allow.auto.create.topics=false`).
 pub fn producer_config(name: &str, conn: &ConnectionConfig) -> ClientConfig {
     let mut cfg = ClientConfig::new();
     for (k, v) in &conn.kafka {
@@ -52,11 +58,17 @@ pub fn producer_config(name: &str, conn: &ConnectionConfig) -> ClientConfig {
         let _ = cfg.set("client.id", format!("tessel-kafka-{name}-producer"));
     }
     let _ = cfg
+        .set("partitioner", "murmur2_random")
+        .set("allow.auto.create.topics", "false");
+    for (k, v) in &conn.producer.kafka {
+        let _ = cfg.set(k, v);
+    }
+    let _ = cfg
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set(
             "message.timeout.ms",
-            MESSAGE_TIMEOUT.as_millis().to_string(),
+            conn.producer.ack_timeout_ms.to_string(),
         );
     cfg
 }
@@ -67,8 +79,9 @@ pub type ExtraHeader = (String, String);
 /// The idempotent producer of a connection.
 #[derive(Clone)]
 pub struct IdempotentProducer {
-    producer: FutureProducer<super::security::SecurityContext>,
+    producer: Client,
     connection: String,
+    ack_timeout: Duration,
 }
 
 impl std::fmt::Debug for IdempotentProducer {
@@ -82,11 +95,12 @@ impl IdempotentProducer {
     /// Its context signs MSK IAM tokens when the connection uses AWS_MSK_IAM; librdkafka
     /// refreshes them from the producer's own polling thread, also while it sends nothing.
     pub fn try_new(name: &str, conn: &ConnectionConfig) -> Result<Self, KafkaError> {
-        let context = super::security::SecurityContext::for_connection(name, conn)
+        let context = SecurityContext::for_connection(name, conn)
             .map_err(|e| KafkaError::ClientCreation(e.to_string()))?;
         Ok(Self {
             producer: producer_config(name, conn).create_with_context(context)?,
             connection: name.to_owned(),
+            ack_timeout: Duration::from_millis(conn.producer.ack_timeout_ms),
         })
     }
 
@@ -95,6 +109,37 @@ impl IdempotentProducer {
     pub fn fatal_error(&self) -> Option<(rdkafka::types::RDKafkaErrorCode, String)> {
         use rdkafka::producer::Producer as _;
         self.producer.client().fatal_error()
+    }
+
+    /// The connection name.
+    pub fn connection(&self) -> &str {
+        &self.connection
+    }
+
+    /// How long the broker may take to acknowledge a record.
+    pub fn ack_timeout(&self) -> Duration {
+        self.ack_timeout
+    }
+
+    /// The partition count of `topic`, from a metadata request (blocking, run off the async
+    /// threads). Unknown topics and refused DESCRIBE come back as the broker's error code.
+    pub async fn partition_count(&self, topic: &str) -> Result<usize, KafkaError> {
+        partition_count(self.producer.clone(), topic).await
+    }
+
+    /// Queues `record` in order behind the records queued before it and returns the
+    /// acknowledgement to wait for. A full local queue is waited out, not refused.
+    pub async fn enqueue(&self, record: &OutRecord) -> Result<DeliveryFuture, KafkaError> {
+        enqueue(&self.producer, record, self.ack_timeout).await
+    }
+
+    /// Records a delivery outcome in the producer metrics.
+    pub fn observe(&self, ok: bool, started: std::time::Instant) {
+        crate::telemetry::metrics::producer_delivery(
+            &self.connection,
+            ok,
+            started.elapsed().as_secs_f64(),
+        );
     }
 
     /// Writes `original` (key, value, headers and timestamp kept) to `topic` with `extra`
@@ -133,7 +178,7 @@ impl IdempotentProducer {
         let started = std::time::Instant::now();
         let result = self
             .producer
-            .send(record, MESSAGE_TIMEOUT)
+            .send(record, self.ack_timeout)
             .await
             .map(|d| (d.partition, d.offset))
             .map_err(|(e, _)| e);
@@ -144,4 +189,291 @@ impl IdempotentProducer {
         );
         result
     }
+}
+
+/// A record ready to be written: encoded key and value, headers, an optional partition and
+/// timestamp.
+#[derive(Clone, Debug, Default)]
+pub struct OutRecord {
+    /// Destination topic.
+    pub topic: String,
+    /// Partition, or the partitioner's choice by key.
+    pub partition: Option<i32>,
+    /// Encoded key.
+    pub key: Option<Vec<u8>>,
+    /// Encoded value; `None` is a tombstone.
+    pub value: Option<Vec<u8>>,
+    /// Headers in order.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Create time in milliseconds; default now.
+    pub timestamp: Option<i64>,
+}
+
+impl OutRecord {
+    /// Bytes of key, value and headers.
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len)
+            + self.value.as_ref().map_or(0, Vec::len)
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+                .sum::<usize>()
+    }
+}
+
+async fn enqueue(
+    producer: &Client,
+    r: &OutRecord,
+    wait_limit: Duration,
+) -> Result<DeliveryFuture, KafkaError> {
+    let deadline = tokio::time::Instant::now() + wait_limit;
+    loop {
+        let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
+        for (k, v) in &r.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: v.as_deref(),
+            });
+        }
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&r.topic).headers(headers);
+        if let Some(k) = &r.key {
+            record = record.key(k.as_slice());
+        }
+        if let Some(v) = &r.value {
+            record = record.payload(v.as_slice());
+        }
+        if let Some(p) = r.partition {
+            record = record.partition(p);
+        }
+        if let Some(t) = r.timestamp {
+            record = record.timestamp(t);
+        }
+        match producer.send_result(record) {
+            Ok(delivery) => return Ok(delivery),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
+async fn partition_count(producer: Client, topic: &str) -> Result<usize, KafkaError> {
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let md = producer
+            .client()
+            .fetch_metadata(Some(&topic), CONTROL_TIMEOUT)?;
+        let t = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .ok_or(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::UnknownTopicOrPartition,
+            ))?;
+        if let Some(e) = t.error() {
+            return Err(KafkaError::MetadataFetch(e.into()));
+        }
+        if t.partitions().is_empty() {
+            return Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::UnknownTopicOrPartition,
+            ));
+        }
+        Ok(t.partitions().len())
+    })
+    .await
+    .unwrap_or(Err(KafkaError::Canceled))
+}
+
+/// A transactional producer for all-or-nothing batches (`transactional.id` =
+/// `<prefix>-<connection>`). One transaction at a time; callers queue on its lock. After a
+/// fatal error it is built again on next use (which fences the old one).
+pub struct TransactionalProducer {
+    config: ClientConfig,
+    connection: String,
+    ack_timeout: Duration,
+    /// Signs MSK IAM tokens (or why it cannot), for each producer built.
+    signer: Result<Option<std::sync::Arc<MskIamSigner>>, String>,
+    producer: tokio::sync::Mutex<Option<Client>>,
+}
+
+impl std::fmt::Debug for TransactionalProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionalProducer")
+            .field("connection", &self.connection)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a transaction did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum TransactionError {
+    /// A record was refused; the transaction was aborted and nothing is visible.
+    #[error(
+        "record {index} was refused ({source}); the transaction was aborted, nothing was written"
+    )]
+    Record {
+        /// Position of the refused record in the batch.
+        index: usize,
+        /// The broker's or client's error.
+        #[source]
+        source: KafkaError,
+    },
+    /// Beginning, committing or aborting failed.
+    #[error("transaction {stage} failed: {source}")]
+    Control {
+        /// `init`, `begin`, `commit` or `abort`.
+        stage: &'static str,
+        /// The error.
+        #[source]
+        source: KafkaError,
+    },
+}
+
+impl TransactionalProducer {
+    /// Prepares the producer; it connects on first use.
+    pub fn new(name: &str, conn: &ConnectionConfig, prefix: &str) -> Self {
+        let mut config = producer_config(name, conn);
+        let _ = config
+            .set("transactional.id", format!("{prefix}-{name}"))
+            .set(
+                "transaction.timeout.ms",
+                (conn.producer.ack_timeout_ms * 2).max(60_000).to_string(),
+            );
+        Self {
+            config,
+            connection: name.to_owned(),
+            ack_timeout: Duration::from_millis(conn.producer.ack_timeout_ms),
+            signer: MskIamSigner::from_config(conn, |v| std::env::var(v).ok())
+                .map(|s| s.map(std::sync::Arc::new))
+                .map_err(|e| e.to_string()),
+            producer: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Writes `records` in one transaction: all become visible to read_committed consumers,
+    /// or none. Returns each record's (partition, offset).
+    pub async fn write_all(
+        &self,
+        records: &[OutRecord],
+    ) -> Result<Vec<(i32, i64)>, TransactionError> {
+        let mut slot = self.producer.lock().await;
+        if slot.is_none() {
+            let signer = self.signer.clone().map_err(|e| TransactionError::Control {
+                stage: "init",
+                source: KafkaError::ClientCreation(e),
+            })?;
+            let p: Client = self
+                .config
+                .create_with_context(SecurityContext::new(&self.connection, signer))
+                .map_err(|source| TransactionError::Control {
+                    stage: "init",
+                    source,
+                })?;
+            let q = p.clone();
+            blocking(move || q.init_transactions(CONTROL_TIMEOUT))
+                .await
+                .map_err(|source| TransactionError::Control {
+                    stage: "init",
+                    source,
+                })?;
+            *slot = Some(p);
+        }
+        let producer = slot.clone().expect("set above");
+        let result = self.run(&producer, records).await;
+        if let Err(e) = &result {
+            let fatal = match e {
+                TransactionError::Control { source, .. }
+                | TransactionError::Record { source, .. } => is_fatal(source),
+            };
+            if fatal {
+                tracing::warn!(connection = %self.connection, error = %e, "transactional producer failed fatally; it is rebuilt on next use");
+                *slot = None;
+            }
+        }
+        result
+    }
+
+    async fn run(
+        &self,
+        producer: &Client,
+        records: &[OutRecord],
+    ) -> Result<Vec<(i32, i64)>, TransactionError> {
+        let p = producer.clone();
+        blocking(move || p.begin_transaction())
+            .await
+            .map_err(|source| TransactionError::Control {
+                stage: "begin",
+                source,
+            })?;
+        let mut deliveries = Vec::with_capacity(records.len());
+        let mut failure = None;
+        for (index, r) in records.iter().enumerate() {
+            match enqueue(producer, r, self.ack_timeout).await {
+                Ok(d) => deliveries.push(d),
+                Err(source) => {
+                    failure = Some(TransactionError::Record { index, source });
+                    break;
+                }
+            }
+        }
+        let mut offsets = Vec::with_capacity(deliveries.len());
+        for (index, d) in deliveries.into_iter().enumerate() {
+            match d.await {
+                Ok(Ok(delivery)) => offsets.push((delivery.partition, delivery.offset)),
+                Ok(Err((source, _))) => {
+                    failure.get_or_insert(TransactionError::Record { index, source });
+                }
+                Err(_) => {
+                    failure.get_or_insert(TransactionError::Record {
+                        index,
+                        source: KafkaError::Canceled,
+                    });
+                }
+            }
+        }
+        if let Some(f) = failure {
+            let p = producer.clone();
+            if let Err(source) = blocking(move || p.abort_transaction(CONTROL_TIMEOUT)).await {
+                tracing::warn!(connection = %self.connection, error = %source, "aborting the transaction failed");
+                return Err(TransactionError::Control {
+                    stage: "abort",
+                    source,
+                });
+            }
+            return Err(f);
+        }
+        let p = producer.clone();
+        match blocking(move || p.commit_transaction(CONTROL_TIMEOUT)).await {
+            Ok(()) => Ok(offsets),
+            Err(source) => {
+                // An abortable commit failure leaves the transaction to abort; nothing is visible.
+                let p = producer.clone();
+                let _ = blocking(move || p.abort_transaction(CONTROL_TIMEOUT)).await;
+                Err(TransactionError::Control {
+                    stage: "commit",
+                    source,
+                })
+            }
+        }
+    }
+}
+
+fn is_fatal(e: &KafkaError) -> bool {
+    match e {
+        KafkaError::Transaction(err) => err.is_fatal(),
+        KafkaError::Canceled => true,
+        _ => false,
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+) -> Result<T, KafkaError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or(Err(KafkaError::Canceled))
 }

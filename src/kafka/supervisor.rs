@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
@@ -90,6 +91,8 @@ struct Completion {
     offset: i64,
     key: Option<Vec<u8>>,
     outcome: WorkOutcome,
+    /// The message's trace span (disabled unless traces are exported).
+    span: tracing::Span,
 }
 
 struct PendingRevoke {
@@ -158,31 +161,38 @@ const REGISTRY_PROBE: Duration = Duration::from_secs(5);
 /// second per connection, and none while nothing is accepted.
 const COMMIT_INTERVAL: Duration = Duration::from_millis(10);
 
-impl ConnectionSupervisor {
-    /// Creates the consumer and the triggers' clients; opens no connection yet.
+/// Clients of one connection that the consumer and the produce API share: one registry
+/// client (one schema cache) and one idempotent producer.
+#[derive(Debug, Default)]
+pub struct SharedClients {
+    /// The registry client, when the connection has a registry.
+    pub registry: Option<Arc<RegistryClient>>,
+    /// The idempotent producer, when the connection produces (dead letters, produce API).
+    pub producer: Option<super::producer::IdempotentProducer>,
+}
+
+impl SharedClients {
+    /// Builds the clients `config` needs; `produces` says whether the produce API uses this
+    /// connection. Opens no connection yet.
     pub fn try_new(
         name: &str,
         config: &ConnectionConfig,
-        health: HealthRegistry,
+        produces: bool,
     ) -> Result<Self, SupervisorError> {
-        let setup = |reason: String| SupervisorError::Setup {
-            connection: name.to_owned(),
-            reason,
-        };
         let registry = match &config.schema_registry {
-            Some(r) => {
-                Some(Arc::new(RegistryClient::try_new(r).map_err(|e| {
-                    setup(format!("schema registry client: {e}"))
-                })?))
-            }
+            Some(r) => Some(Arc::new(RegistryClient::try_new(r).map_err(|e| {
+                SupervisorError::Setup {
+                    connection: name.to_owned(),
+                    reason: format!("schema registry client: {e}"),
+                }
+            })?)),
             None => None,
         };
-        let decoder = Decoder::new(registry.clone());
-        let needs_producer = config
+        let dead_letters = config
             .triggers
             .values()
             .any(|t| t.on_error == crate::config::ErrorPolicy::DeadLetter);
-        let producer = if needs_producer {
+        let producer = if dead_letters || produces {
             Some(
                 super::producer::IdempotentProducer::try_new(name, config).map_err(|source| {
                     SupervisorError::Kafka {
@@ -194,6 +204,26 @@ impl ConnectionSupervisor {
         } else {
             None
         };
+        Ok(Self { registry, producer })
+    }
+}
+
+impl ConnectionSupervisor {
+    /// Creates the consumer and the triggers' clients; opens no connection yet. `shared`
+    /// holds the clients the connection shares with the produce API.
+    pub fn try_new(
+        name: &str,
+        config: &ConnectionConfig,
+        health: HealthRegistry,
+        shared: &SharedClients,
+    ) -> Result<Self, SupervisorError> {
+        let setup = |reason: String| SupervisorError::Setup {
+            connection: name.to_owned(),
+            reason,
+        };
+        let registry = shared.registry.clone();
+        let decoder = Decoder::new(registry.clone());
+        let producer = shared.producer.clone();
         let mut triggers = HashMap::new();
         for (tname, t) in &config.triggers {
             let dispatcher = HttpDispatcher::try_new(&t.dispatcher)
@@ -438,9 +468,17 @@ impl ConnectionSupervisor {
         let Some(p) = self.partitions.get_mut(&c.tp) else {
             return;
         };
+        c.span.record("tessel.outcome", c.outcome.label());
         match c.outcome {
             WorkOutcome::Accepted | WorkOutcome::Skipped | WorkOutcome::DeadLettered => {
                 metrics::handled(&self.name, &p.trigger.name, c.outcome.label());
+                let _commit = tracing::info_span!(
+                    target: crate::telemetry::trace::TARGET,
+                    parent: &c.span,
+                    "commit",
+                    messaging.kafka.offset = c.offset,
+                )
+                .entered();
                 p.tracker.handled(c.offset);
             }
             WorkOutcome::Abandoned => {}
@@ -543,6 +581,12 @@ impl ConnectionSupervisor {
                 offset: msg.offset(),
                 key,
                 outcome: WorkOutcome::Abandoned,
+                span: crate::telemetry::trace::message_span(
+                    &self.name,
+                    self.config.group_id(),
+                    &p.trigger.name,
+                    &msg,
+                ),
             };
             let trigger = Arc::clone(&p.trigger);
             let drain = p.drain.clone();
@@ -556,9 +600,11 @@ impl ConnectionSupervisor {
                 }
             };
             metrics::in_flight(&self.name, 1.0);
+            let span = completion.span.clone();
             self.tasks.spawn(async move {
-                let outcome =
-                    worker::process(trigger, msg, Some(permit), drain, cancel, yielded).await;
+                let outcome = worker::process(trigger, msg, Some(permit), drain, cancel, yielded)
+                    .instrument(span)
+                    .await;
                 let _ = done.send(WorkerEvent::Finished(Completion {
                     outcome,
                     ..completion

@@ -21,6 +21,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use rdkafka::message::{Message, OwnedMessage};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -257,7 +258,8 @@ async fn attempt_once(
     headers: &[event::EventHeader],
     attempts: &mut Attempts,
 ) -> Step {
-    let (key, value) = match decode(trigger, msg).await {
+    let decoding = tracing::info_span!(target: crate::telemetry::trace::TARGET, "decode");
+    let (key, value) = match decode(trigger, msg).instrument(decoding).await {
         Ok(kv) => {
             metrics::decoded(&trigger.connection, &trigger.name, kv.1.schema.format);
             kv
@@ -271,10 +273,26 @@ async fn attempt_once(
     };
     let body = event::render(source, id, msg, headers, &key, &value);
     let started = std::time::Instant::now();
+    let dispatching = tracing::info_span!(
+        target: crate::telemetry::trace::TARGET,
+        "dispatch",
+        otel.kind = "client",
+        tessel.workflow = %trigger.config.workflow,
+        tessel.attempt = attempts.total,
+        tessel.dispatch.outcome = tracing::field::Empty,
+    );
+    // With traces exported the run continues this span's trace; otherwise the message's own.
+    let traceparent = crate::telemetry::trace::traceparent_of(&dispatching);
     let outcome = trigger
         .dispatcher
-        .dispatch(body, id, event::traceparent(headers))
+        .dispatch(
+            body,
+            id,
+            traceparent.as_deref().or(event::traceparent(headers)),
+        )
+        .instrument(dispatching.clone())
         .await;
+    dispatching.record("tessel.dispatch.outcome", outcome.label());
     metrics::dispatch_attempt(
         &trigger.connection,
         &trigger.name,

@@ -43,6 +43,8 @@ pub const REBALANCES: &str = "tessel_kafka_rebalances_total";
 pub const COMMITS: &str = "tessel_kafka_offset_commits_total";
 /// Schema cache lookups by result.
 pub const REGISTRY_CACHE: &str = "tessel_kafka_registry_cache_lookups_total";
+/// Produce API and command requests, by HTTP status.
+pub const PRODUCE_REQUESTS: &str = "tessel_kafka_produce_requests_total";
 
 /// Installs the Prometheus recorder and describes every metric.
 pub fn install() -> Option<PrometheusHandle> {
@@ -79,6 +81,10 @@ pub fn install() -> Option<PrometheusHandle> {
     describe_counter!(
         REGISTRY_CACHE,
         "Schema cache lookups, by result (hit, miss)."
+    );
+    describe_counter!(
+        PRODUCE_REQUESTS,
+        "Produce API requests, by connection and HTTP status."
     );
     Some(handle)
 }
@@ -162,6 +168,11 @@ pub fn producer_delivery(connection: &str, ok: bool, seconds: f64) {
     histogram!(PRODUCER_SECONDS, "connection" => connection.to_owned()).record(seconds);
 }
 
+/// A produce request was answered with `status`. `connection` is only a configured name.
+pub fn produce_request(connection: &str, status: u16) {
+    counter!(PRODUCE_REQUESTS, "connection" => connection.to_owned(), "status" => status.to_string()).increment(1);
+}
+
 /// Broker reachability of a connection.
 pub fn brokers_up(connection: &str, up: bool) {
     gauge!(BROKERS_UP, "connection" => connection.to_owned()).set(if up { 1.0 } else { 0.0 });
@@ -191,6 +202,7 @@ mod tests {
         PRODUCER_DELIVERIES,
         PRODUCER_SECONDS,
         BROKERS_UP,
+        PRODUCE_REQUESTS,
     ];
 
     #[test]

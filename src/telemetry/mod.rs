@@ -1,23 +1,133 @@
-//! Logs (tracing, text or JSON) and metrics (Prometheus). Metric names live in [`metrics`].
+//! Logs (tracing, text or JSON), traces (OpenTelemetry over OTLP/HTTP, optional) and metrics
+//! (Prometheus). Metric names live in [`metrics`]; per-message spans in [`trace`].
 
 pub mod metrics;
+pub mod trace;
 
-use tracing_subscriber::{fmt, EnvFilter};
+use std::collections::HashMap;
+use std::time::Duration;
 
-use crate::config::{LogConfig, LogFormat};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
+};
+use tracing_subscriber::filter::{filter_fn, Targets};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{fmt, EnvFilter, Layer as _};
 
-/// Installs the global tracing subscriber. `RUST_LOG` wins over the configured level.
-pub fn init_tracing(config: &LogConfig) {
+use crate::config::{LogConfig, LogFormat, OtlpConfig, OtlpProtocol};
+
+/// Keeps trace export running; [`Telemetry::shutdown`] sends what is buffered.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Flushes and stops the trace exporter (blocking; run off the async threads).
+    pub fn shutdown(self) {
+        if let Some(p) = self.provider {
+            let _ = std::thread::spawn(move || {
+                if let Err(e) = p.shutdown() {
+                    eprintln!("trace export shutdown: {e}");
+                }
+            })
+            .join();
+        }
+    }
+}
+
+/// Installs the global tracing subscriber: log lines to stderr (`RUST_LOG` wins over the
+/// configured level) and, with `otlp`, message spans to the collector.
+pub fn init_tracing(config: &LogConfig, otlp: Option<&OtlpConfig>) -> Telemetry {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = match config.format {
-        LogFormat::Json => builder
+    // Span-only callsites of the trace target never reach the log.
+    let not_trace = filter_fn(|m| m.target() != trace::TARGET);
+    let log = match config.format {
+        LogFormat::Json => fmt::layer()
             .json()
             .flatten_event(true)
             .with_current_span(false)
-            .try_init(),
-        LogFormat::Text => builder.try_init(),
+            .with_span_list(false)
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .with_filter(not_trace)
+            .boxed(),
+        LogFormat::Text => fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .with_filter(not_trace)
+            .boxed(),
     };
+    let (provider, error) = match otlp.map(build_provider) {
+        Some(Ok(p)) => (Some(p), None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
+    };
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("tessel-kafka"))
+            .with_filter(Targets::new().with_target(trace::TARGET, tracing::Level::INFO))
+    });
+    let _ = tracing_subscriber::registry()
+        .with(log)
+        .with(otel)
+        .try_init();
+    if let Some(e) = error {
+        tracing::error!(error = %e, "OTLP trace export is off: the exporter could not be built");
+    } else if let Some(o) = otlp {
+        opentelemetry::global::set_text_map_propagator(
+            opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+        );
+        tracing::info!(endpoint = %o.traces_url(), protocol = ?o.protocol, "exporting traces over OTLP");
+    }
+    Telemetry { provider }
+}
+
+fn build_provider(o: &OtlpConfig) -> Result<SdkTracerProvider, String> {
+    let headers: HashMap<String, String> = o
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), v.expose().to_owned()))
+        .collect();
+    let protocol = match o.protocol {
+        OtlpProtocol::HttpProtobuf => opentelemetry_otlp::Protocol::HttpBinary,
+        OtlpProtocol::HttpJson => opentelemetry_otlp::Protocol::HttpJson,
+    };
+    let url = o.traces_url();
+    let timeout = Duration::from_millis(o.timeout_ms);
+    // The exporter's blocking HTTP client must be built outside the async runtime.
+    let exporter = std::thread::spawn(move || {
+        opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(url)
+            .with_protocol(protocol)
+            .with_timeout(timeout)
+            .with_headers(headers)
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .join()
+    .map_err(|_| "the exporter builder panicked".to_owned())??;
+    let processor = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                .with_scheduled_delay(Duration::from_millis(o.export_interval_ms))
+                .build(),
+        )
+        .build();
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(o.service_name.clone())
+        .build();
+    Ok(SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            o.sample_ratio,
+        ))))
+        .with_resource(resource)
+        .build())
 }

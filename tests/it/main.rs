@@ -4,11 +4,14 @@
 //! - `cli`: the binary's behaviour that needs no broker (config errors).
 //! - `oidc`: OAUTHBEARER OIDC token fetching against a local token endpoint (no broker).
 //! - `registry_auth`: Schema Registry basic and bearer auth, refusals, TLS file errors.
+//! - `compose`: `docker-compose.yml` validated by Docker Compose's loader (compose-go, through
+//!   `scripts/compose-check.sh`; needs Go, not Docker) and consistent with its connector config.
 //! - `broker`: tests against the real Kafka broker and Schema Registry started by
 //!   `scripts/stack up`; compiled only with the `kafka-integration-tests` feature, which
 //!   `scripts/test` turns on. With the feature on, a missing stack fails the tests.
 
 mod cli;
+mod compose;
 mod oidc;
 mod registry_auth;
 mod support;

@@ -9,6 +9,8 @@
 //! - /readyz follows the broker going away and coming back (it stops the broker).
 //! - A registry outage (the registry process stopped for 30 s) dead-letters nothing; it also
 //!   stalls every other test that needs the registry, another reason to run alone.
+//! - Produce: no duplicates while the broker is paused past the request timeout (it stops
+//!   the broker with SIGSTOP), and the rate of a 100,000-record Avro batch produce.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -136,9 +138,10 @@ async fn one_partition_runs_keys_in_parallel_at_80_percent_of_the_ideal_rate() {
 }
 
 /// Sends SIGCONT to the registry when dropped, so a failing test never leaves it stopped.
-struct ResumeRegistry(String);
+/// Sends SIGCONT to a stopped process when dropped (also when the test fails).
+struct Resume(String);
 
-impl Drop for ResumeRegistry {
+impl Drop for Resume {
     fn drop(&mut self) {
         let _ = Command::new("kill").args(["-CONT", &self.0]).status();
     }
@@ -231,7 +234,7 @@ async fn a_registry_outage_of_30_seconds_dead_letters_nothing_and_resumes() {
         .unwrap()
         .success());
     let stopped_at = Instant::now();
-    let resume = ResumeRegistry(pid);
+    let resume = Resume(pid);
     produce_raw(
         raw(100, 150, true)
             .into_iter()
@@ -383,4 +386,171 @@ async fn sigkill_loses_nothing_and_repeats_at_most_the_runs_in_flight() {
         d.repeats()
     );
     assert_none_lost(&d, 3000);
+}
+
+fn pause_broker() -> Resume {
+    let pid =
+        std::fs::read_to_string(std::env::var("TESSEL_IT_BROKER_PID").expect("broker pid file"))
+            .expect("broker pid")
+            .trim()
+            .to_owned();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    Resume(pid)
+}
+
+/// Acknowledgements delayed and lost: the broker is frozen (SIGSTOP) for 8 s, well past the
+/// producer's 2 s request timeout, while batches are in flight. librdkafka retries with the
+/// same producer id and sequence numbers, the broker drops what it already has, and a
+/// read_committed read-back finds every record once, in per-key order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn produce_writes_each_record_once_when_the_broker_pauses() {
+    use super::produce::{plain_kafka, producing_toml, reference_consume, ProducingDaemon};
+    let prefix = unique("prod-pause");
+    let topic = format!("{prefix}-out");
+    let consumed = format!("{prefix}-consumed");
+    create_topic(&topic, 3).await;
+    create_topic(&consumed, 1).await;
+    let d = dispatcher(Faults::default()).await;
+    let port = crate::support::free_port();
+    let toml = producing_toml(
+        &plain_kafka(&unique("prod-pause-group")),
+        &consumed,
+        &prefix,
+        port,
+        &d.url(),
+        "[connections.it.producer]\nack_timeout_ms = 90000\nkafka = { \"request.timeout.ms\" = \"2000\", \"linger.ms\" = \"5\" }\n",
+    );
+    let daemon = std::sync::Arc::new(ProducingDaemon::start(&toml, port).await);
+    const REQUESTS: usize = 30;
+    const PER_REQUEST: usize = 40;
+    const KEYS: usize = 8;
+    let sender = {
+        let daemon = std::sync::Arc::clone(&daemon);
+        let topic = topic.clone();
+        tokio::spawn(async move {
+            let mut longest = Duration::ZERO;
+            for r in 0..REQUESTS {
+                let messages: Vec<serde_json::Value> = (0..PER_REQUEST)
+                    .map(|i| {
+                        let seq = r * PER_REQUEST + i;
+                        json!({"key": format!("k{}", seq % KEYS), "value": {"seq": seq}})
+                    })
+                    .collect();
+                let started = Instant::now();
+                let (status, body) = daemon
+                    .produce(json!({"topic": topic, "value_format": "json", "messages": messages}))
+                    .await;
+                longest = longest.max(started.elapsed());
+                assert_eq!(status, 200, "request {r}: {body}");
+            }
+            longest
+        })
+    };
+    // Freeze the broker once a few requests have gone through; the next ones are in flight.
+    wait_for("a few batches written", Duration::from_secs(60), || {
+        (high_watermarks(&topic, 3).iter().sum::<i64>() >= 4 * PER_REQUEST as i64).then_some(())
+    })
+    .await;
+    let resume = pause_broker();
+    let frozen = Duration::from_secs(8);
+    // The fault's length, not a synchronisation: the broker stays frozen this long.
+    tokio::time::sleep(frozen).await;
+    drop(resume);
+    let longest = tokio::time::timeout(Duration::from_secs(180), sender)
+        .await
+        .expect("every request answered")
+        .expect("sender");
+    eprintln!("[measured] produce under a paused broker: longest request {longest:?}");
+    assert!(
+        longest >= frozen / 2,
+        "a request was in flight during the pause ({longest:?})"
+    );
+
+    let total = REQUESTS * PER_REQUEST;
+    let records = reference_consume(json!({"bootstrap": stack().bootstrap, "topic": topic,
+        "isolation": "read_committed", "key": {"format": "string"}, "value": {"format": "json"},
+        "timeout_s": 120}))
+    .await;
+    let mut seqs: Vec<u64> = records
+        .iter()
+        .map(|r| r["value"]["seq"].as_u64().unwrap())
+        .collect();
+    seqs.sort_unstable();
+    let dupes = seqs.windows(2).filter(|w| w[0] == w[1]).count();
+    assert_eq!(dupes, 0, "duplicates after retries");
+    assert_eq!(
+        seqs,
+        (0..total as u64).collect::<Vec<_>>(),
+        "every record once"
+    );
+    // Per key, offsets follow the sending order.
+    let mut last: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    for r in &records {
+        let key = r["key"].as_str().unwrap().to_owned();
+        let seq = r["value"]["seq"].as_u64().unwrap();
+        if let Some(prev) = last.insert(key.clone(), seq) {
+            assert!(seq > prev, "key {key}: {seq} after {prev}");
+        }
+    }
+    std::sync::Arc::try_unwrap(daemon)
+        .ok()
+        .expect("one owner")
+        .stop()
+        .await;
+}
+
+/// Rate of a batch produce of 100,000 small Avro records through the API (batches of 1000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn produce_100k_small_avro_records() {
+    use super::produce::{plain_kafka, producing_toml, register_schema, ProducingDaemon};
+    let prefix = unique("prod-rate");
+    let topic = format!("{prefix}-out");
+    let consumed = format!("{prefix}-consumed");
+    create_topic(&topic, 6).await;
+    create_topic(&consumed, 1).await;
+    let schema = r#"{"type":"record","name":"Tick","fields":[{"name":"id","type":"long"},
+        {"name":"sym","type":"string"},{"name":"px","type":"double"}]}"#;
+    let _ = register_schema(&format!("{topic}-value"), "AVRO", schema).await;
+    let d = dispatcher(Faults::default()).await;
+    let port = crate::support::free_port();
+    let toml = producing_toml(
+        &plain_kafka(&unique("prod-rate-group")),
+        &consumed,
+        &prefix,
+        port,
+        &d.url(),
+        "",
+    )
+    .replace("max_body_bytes = 65536", "max_body_bytes = 4194304");
+    let daemon = ProducingDaemon::start(&toml, port).await;
+    const TOTAL: usize = 100_000;
+    const BATCH: usize = 1_000;
+    let bodies: Vec<Vec<u8>> = (0..TOTAL / BATCH)
+        .map(|b| {
+            let messages: Vec<serde_json::Value> = (0..BATCH)
+                .map(|i| {
+                    let id = b * BATCH + i;
+                    json!({"key": format!("s{}", id % 100), "value": {"id": id, "sym": "ACME", "px": 12.5}})
+                })
+                .collect();
+            json!({"topic": topic, "messages": messages}).to_string().into_bytes()
+        })
+        .collect();
+    let started = Instant::now();
+    for body in bodies {
+        let (status, resp) = daemon.post("it", Some(super::produce::TOKEN), body).await;
+        assert_eq!(status, 200, "{resp}");
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let rate = TOTAL as f64 / secs;
+    eprintln!("[measured] produce API: {TOTAL} Avro records in {secs:.2} s = {rate:.0} records/s");
+    assert_eq!(high_watermarks(&topic, 6).iter().sum::<i64>(), TOTAL as i64);
+    // A floor far below the measured rate, against regressions such as a schema lookup or a
+    // flush per record.
+    assert!(rate > 5_000.0, "{rate:.0} records/s");
+    daemon.stop().await;
 }

@@ -6,6 +6,7 @@ mod measured;
 mod operations;
 mod ordering;
 mod pipeline;
+mod produce;
 mod restart;
 mod security;
 mod smoke;

@@ -179,3 +179,140 @@ dispatcher = {{ url = "{}", token = "{token}" }}
         assert!(line["offset"].is_i64(), "{line}");
     }
 }
+
+/// A stand-in OpenTelemetry collector: records every OTLP/HTTP JSON trace export.
+async fn fake_collector() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::routing::post;
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let sink = std::sync::Arc::clone(&got);
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        post(move |body: axum::body::Bytes| {
+            let sink = std::sync::Arc::clone(&sink);
+            async move {
+                if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                    sink.lock().unwrap().push(v);
+                }
+                axum::Json(serde_json::json!({}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, got)
+}
+
+/// Whether `span` is the step `name` (`consume` spans are named `process <topic>`).
+fn span_is(span: &Value, name: &str) -> bool {
+    span["name"]
+        .as_str()
+        .is_some_and(|x| x == name || (name == "consume" && x.starts_with("process ")))
+}
+
+/// Every span in the exports received so far.
+fn spans(exports: &[Value]) -> Vec<Value> {
+    exports
+        .iter()
+        .flat_map(|e| e["resourceSpans"].as_array().cloned().unwrap_or_default())
+        .flat_map(|rs| rs["scopeSpans"].as_array().cloned().unwrap_or_default())
+        .flat_map(|ss| ss["spans"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+fn attribute(span: &Value, key: &str) -> Option<Value> {
+    span["attributes"]
+        .as_array()?
+        .iter()
+        .find(|a| a["key"] == key)
+        .map(|a| a["value"].clone())
+}
+
+/// With `[otlp]`, each message is a trace continuing its traceparent: `consume` is a child of
+/// the producer's span, `decode`, `dispatch` and `commit` are children of `consume`, and the
+/// dispatcher receives the `dispatch` span as its traceparent.
+#[tokio::test]
+async fn traces_continue_the_message_traceparent_over_otlp() {
+    let topic = unique("otlp");
+    create_topic(&topic, 1).await;
+    let d = dispatcher(Faults::default()).await;
+    let (collector, exports) = fake_collector().await;
+    let group = unique("otlp-group");
+    let config = temp_config(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[otlp]\nendpoint = \"http://127.0.0.1:{collector}\"\nprotocol = \"http_json\"\nexport_interval_ms = 200\nservice_name = \"tessel-kafka-it\"\n{}",
+        connection_toml(&group, &topic, &d.url(), "value_format = \"json\"")
+    ));
+    let trace_ids = [
+        "0af7651916cd43dd8448eb211c80319c",
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+    ];
+    let parent = "b7ad6b7169203331";
+    let records: Vec<Value> = trace_ids
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            serde_json::json!({"key": format!("k{i}"), "value": {"i": i},
+                "headers": [["traceparent", format!("00-{t}-{parent}-01")]]})
+        })
+        .collect();
+    super::reference_produce(serde_json::json!({
+        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"},
+        "value": {"format": "json"}, "steps": [{"txn": null, "records": records}]
+    }))
+    .await;
+    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let all = wait_for(
+        "consume, decode, dispatch and commit spans of both messages",
+        Duration::from_secs(60),
+        || {
+            let all = spans(&exports.lock().unwrap());
+            let complete = trace_ids.iter().all(|t| {
+                ["consume", "decode", "dispatch", "commit"]
+                    .iter()
+                    .all(|n| all.iter().any(|s| s["traceId"] == *t && span_is(s, n)))
+            });
+            complete.then_some(all)
+        },
+    )
+    .await;
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    for t in trace_ids {
+        let of_trace: Vec<&Value> = all.iter().filter(|s| s["traceId"] == t).collect();
+        let consume = of_trace
+            .iter()
+            .find(|s| s["name"] == format!("process {topic}"))
+            .expect("the consume span, named after the topic");
+        assert_eq!(
+            consume["parentSpanId"], parent,
+            "continues the producer's span"
+        );
+        assert_eq!(
+            attribute(consume, "messaging.system"),
+            Some(serde_json::json!({"stringValue": "kafka"}))
+        );
+        assert_eq!(
+            attribute(consume, "messaging.destination.name"),
+            Some(serde_json::json!({"stringValue": topic}))
+        );
+        for child in ["decode", "dispatch", "commit"] {
+            let s = of_trace.iter().find(|s| s["name"] == child).unwrap();
+            assert_eq!(
+                s["parentSpanId"], consume["spanId"],
+                "{child} under consume"
+            );
+        }
+        let dispatch = of_trace.iter().find(|s| s["name"] == "dispatch").unwrap();
+        let sent = d
+            .runs()
+            .iter()
+            .filter_map(|r| r.traceparent.clone())
+            .find(|tp| tp.contains(t))
+            .expect("the dispatcher got the trace");
+        assert_eq!(
+            sent,
+            format!("00-{t}-{}-01", dispatch["spanId"].as_str().unwrap()),
+            "the run continues the dispatch span"
+        );
+    }
+}

@@ -1,0 +1,201 @@
+//! `POST /v1/connections/{connection}/messages` on the daemon's HTTP server.
+//!
+//! Order of checks: bearer token (401), connection (404), body size (413), request shape
+//! (400), batch size (413), token grant per topic (403); then the publisher's own checks
+//! (unknown topic 404, schema mismatch 422, broker refusal 403, timeout 504). Every refusal
+//! is a JSON body `{"error": "..."}`; nothing is written unless every message passed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::json;
+use subtle::ConstantTimeEq;
+
+use super::{parse_request, ProduceError, Publisher, RequestError};
+use crate::config::ProduceConfig;
+
+/// The produce API's state: one publisher per producing connection, and the tokens.
+pub struct ProduceApi {
+    publishers: HashMap<String, Arc<Publisher>>,
+    config: ProduceConfig,
+}
+
+impl std::fmt::Debug for ProduceApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProduceApi")
+            .field("connections", &self.publishers.keys().collect::<Vec<_>>())
+            .field("tokens", &self.config.tokens.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl ProduceApi {
+    /// The API over `publishers` with `config`'s tokens and limits.
+    pub fn new(publishers: HashMap<String, Arc<Publisher>>, config: ProduceConfig) -> Self {
+        Self { publishers, config }
+    }
+
+    /// The routes, to merge into the daemon's router.
+    pub fn router(self: Arc<Self>) -> Router {
+        Router::new()
+            .route("/v1/connections/{connection}/messages", post(produce))
+            .with_state(self)
+    }
+
+    /// The name of the token presented, compared in constant time against every token.
+    fn authenticate(&self, headers: &HeaderMap) -> Result<&str, &'static str> {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                let (scheme, token) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            });
+        let Some(presented) = presented else {
+            return Err("missing bearer token (Authorization: Bearer <token>)");
+        };
+        let mut found = None;
+        for (name, grant) in &self.config.tokens {
+            // Every token is compared, match or not, so timing does not tell which matched.
+            let equal: bool = grant
+                .token
+                .expose()
+                .as_bytes()
+                .ct_eq(presented.as_bytes())
+                .into();
+            if equal && found.is_none() {
+                found = Some(name.as_str());
+            }
+        }
+        found.ok_or("invalid bearer token")
+    }
+}
+
+fn refuse(status: u16, message: &str) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = (code, Json(json!({ "error": message }))).into_response();
+    if status == 401 {
+        let _ = resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    resp
+}
+
+async fn produce(
+    State(api): State<Arc<ProduceApi>>,
+    Path(connection): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (status, resp) = handle(&api, &connection, &headers, body).await;
+    // Only configured connection names become labels.
+    let label = if api.publishers.contains_key(&connection) {
+        connection.as_str()
+    } else {
+        "unknown"
+    };
+    crate::telemetry::metrics::produce_request(label, status);
+    resp
+}
+
+async fn handle(
+    api: &ProduceApi,
+    connection: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> (u16, Response) {
+    if api.config.tokens.is_empty() {
+        return (
+            404,
+            refuse(
+                404,
+                "the produce API is off: no [produce.tokens] are configured",
+            ),
+        );
+    }
+    let token = match api.authenticate(headers) {
+        Ok(t) => t.to_owned(),
+        Err(reason) => return (401, refuse(401, reason)),
+    };
+    let Some(publisher) = api.publishers.get(connection) else {
+        return (
+            404,
+            refuse(404, &format!("unknown connection {connection:?}")),
+        );
+    };
+    let limit = api.config.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let too_large = || {
+        (
+            413,
+            refuse(
+                413,
+                &format!("the body exceeds {limit} bytes (produce.max_body_bytes)"),
+            ),
+        )
+    };
+    if declared.is_some_and(|n| n > limit) {
+        return too_large();
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
+        return too_large();
+    };
+    let request = match parse_request(&bytes, api.config.max_batch_messages) {
+        Ok(r) => r,
+        Err(e @ RequestError::TooMany { .. }) => return (413, refuse(413, &e.to_string())),
+        Err(e) => return (400, refuse(400, &e.to_string())),
+    };
+    let grant = &api.config.tokens[&token];
+    for (i, m) in request.messages.iter().enumerate() {
+        if !grant.allows(connection, &m.topic) {
+            let msg = format!(
+                "messages[{i}]: token {token:?} may not produce to topic {:?} on connection {connection:?}",
+                m.topic
+            );
+            return (403, refuse(403, &msg));
+        }
+    }
+    match publisher
+        .publish(&request.messages, request.transactional)
+        .await
+    {
+        Ok(written) => {
+            tracing::debug!(connection, token = %token, records = written.len(), "produced");
+            let body = if request.batch {
+                json!({ "results": written, "transactional": request.transactional })
+            } else {
+                json!(written[0])
+            };
+            (200, (StatusCode::OK, Json(body)).into_response())
+        }
+        Err(e) => {
+            let status = e.status();
+            log_failure(connection, &token, &e);
+            let mut body = json!({ "error": e.to_string() });
+            if let Some(results) = e.results() {
+                body["results"] = json!(results);
+            }
+            let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            (status, (code, Json(body)).into_response())
+        }
+    }
+}
+
+fn log_failure(connection: &str, token: &str, e: &ProduceError) {
+    if e.status() >= 500 {
+        tracing::warn!(connection, token, status = e.status(), error = %e, "produce request failed");
+    } else {
+        tracing::info!(connection, token, status = e.status(), error = %e, "produce request refused");
+    }
+}

@@ -1,0 +1,67 @@
+//! Per-message spans, exported over OTLP when `[otlp]` is configured: `consume` (the
+//! message, continuing its `traceparent`), with children `decode`, `dispatch` (one per
+//! attempt) and `commit` (the offset handed to the commit pipeline). Without `[otlp]` no
+//! subscriber layer enables them, so they cost a disabled-callsite check.
+
+use std::collections::HashMap;
+
+use opentelemetry::propagation::TextMapPropagator as _;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+/// The target of every trace span; the log layer leaves it out.
+pub const TARGET: &str = "tessel_kafka::trace";
+
+/// The `consume` span of one message, child of the message's `traceparent` header when it
+/// has one.
+pub fn message_span(
+    connection: &str,
+    group: &str,
+    trigger: &str,
+    msg: &rdkafka::message::OwnedMessage,
+) -> tracing::Span {
+    use rdkafka::message::{Headers as _, Message as _};
+    let span = tracing::info_span!(
+        target: TARGET,
+        "consume",
+        otel.name = %format!("process {}", msg.topic()),
+        otel.kind = "consumer",
+        messaging.system = "kafka",
+        messaging.operation.type = "process",
+        messaging.destination.name = %msg.topic(),
+        messaging.destination.partition.id = msg.partition(),
+        messaging.kafka.offset = msg.offset(),
+        messaging.consumer.group.name = %group,
+        tessel.connection = %connection,
+        tessel.trigger = %trigger,
+        tessel.outcome = tracing::field::Empty,
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    let mut carrier = HashMap::new();
+    for h in msg.headers().into_iter().flat_map(|h| h.iter()) {
+        let name = h.key.to_ascii_lowercase();
+        if matches!(name.as_str(), "traceparent" | "tracestate") {
+            if let Some(v) = h.value.and_then(|v| std::str::from_utf8(v).ok()) {
+                let _ = carrier.insert(name, v.to_owned());
+            }
+        }
+    }
+    if carrier.contains_key("traceparent") {
+        let parent = TraceContextPropagator::new().extract(&carrier);
+        let _ = span.set_parent(parent);
+    }
+    span
+}
+
+/// The W3C `traceparent` of `span` when it is exported, to forward to the dispatcher so the
+/// run continues the trace; `None` when tracing is off.
+pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    if span.is_disabled() {
+        return None;
+    }
+    let mut carrier: HashMap<String, String> = HashMap::new();
+    TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
+    carrier.remove("traceparent")
+}
