@@ -204,17 +204,21 @@ async fn check_command(config: &std::path::Path, json: bool) -> ExitCode {
         let _ = telemetry::init_tracing(&config.log, None);
     }
     let lines = crate::preflight::run(&config).await;
-    if json {
-        println!(
-            "{}",
+    let out = if json {
+        format!(
+            "{}\n",
             serde_json::to_string_pretty(&lines).unwrap_or_default()
-        );
+        )
     } else {
-        for notice in config.notices() {
-            println!("# note: {notice}");
-        }
-        print!("{}", crate::preflight::render_table(&lines));
-    }
+        let notes: String = config
+            .notices()
+            .iter()
+            .map(|n| format!("# note: {n}\n"))
+            .collect();
+        notes + &crate::preflight::render_table(&lines)
+    };
+    // A closed pipe (`check | head`) is not an error of the check.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes());
     let failed = lines
         .iter()
         .filter(|l| l.status == crate::preflight::CheckStatus::Fail)
