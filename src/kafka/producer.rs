@@ -76,13 +76,32 @@ pub fn producer_config(name: &str, conn: &ConnectionConfig) -> ClientConfig {
 /// One header added to a written record.
 pub type ExtraHeader = (String, String);
 
-/// The idempotent producer of a connection.
+/// The idempotent producer of a connection. After a fatal error (for example the broker
+/// refused the producer id for lack of WRITE) librdkafka fails every later write; the
+/// producer is then replaced by a new one, at most every [`REBUILD_INTERVAL`], so a
+/// permission granted later takes effect without a restart.
 #[derive(Clone)]
 pub struct IdempotentProducer {
-    producer: Client,
+    shared: std::sync::Arc<Shared>,
     connection: String,
     ack_timeout: Duration,
 }
+
+/// What the clones of an [`IdempotentProducer`] share.
+struct Shared {
+    /// The client in use; replaced after a fatal error.
+    current: std::sync::RwLock<Client>,
+    /// How a replacement is built.
+    config: ClientConfig,
+    signer: Option<std::sync::Arc<MskIamSigner>>,
+    /// The fatal error that caused the last replacement, until a write succeeds.
+    last_fatal: std::sync::Mutex<Option<(RDKafkaErrorCode, String)>>,
+    /// When the client was last replaced.
+    last_rebuild: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// Least time between two replacements of a fatally failed producer.
+const REBUILD_INTERVAL: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for IdempotentProducer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -95,20 +114,86 @@ impl IdempotentProducer {
     /// Its context signs MSK IAM tokens when the connection uses AWS_MSK_IAM; librdkafka
     /// refreshes them from the producer's own polling thread, also while it sends nothing.
     pub fn try_new(name: &str, conn: &ConnectionConfig) -> Result<Self, KafkaError> {
-        let context = SecurityContext::for_connection(name, conn)
-            .map_err(|e| KafkaError::ClientCreation(e.to_string()))?;
+        let signer = MskIamSigner::from_config(conn, |v| std::env::var(v).ok())
+            .map_err(|e| KafkaError::ClientCreation(e.to_string()))?
+            .map(std::sync::Arc::new);
+        let config = producer_config(name, conn);
+        let client = config.create_with_context(SecurityContext::new(name, signer.clone()))?;
         Ok(Self {
-            producer: producer_config(name, conn).create_with_context(context)?,
+            shared: std::sync::Arc::new(Shared {
+                current: std::sync::RwLock::new(client),
+                config,
+                signer,
+                last_fatal: std::sync::Mutex::new(None),
+                last_rebuild: std::sync::Mutex::new(None),
+            }),
             connection: name.to_owned(),
             ack_timeout: Duration::from_millis(conn.producer.ack_timeout_ms),
         })
     }
 
+    /// The client in use.
+    fn client(&self) -> Client {
+        self.shared
+            .current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// The error that made the producer unusable, if any (librdkafka's fatal error: for
-    /// the idempotent producer, typically a refused producer id).
-    pub fn fatal_error(&self) -> Option<(rdkafka::types::RDKafkaErrorCode, String)> {
-        use rdkafka::producer::Producer as _;
-        self.producer.client().fatal_error()
+    /// the idempotent producer, typically a refused producer id), also when the producer
+    /// was already replaced because of it.
+    pub fn fatal_error(&self) -> Option<(RDKafkaErrorCode, String)> {
+        self.client().client().fatal_error().or_else(|| {
+            self.shared
+                .last_fatal
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        })
+    }
+
+    /// After a failed write: replaces the client when it failed fatally (not more often
+    /// than every [`REBUILD_INTERVAL`]). The old client is closed off the async threads.
+    fn replace_if_fatal(&self) {
+        let Some(fatal) = self.client().client().fatal_error() else {
+            return;
+        };
+        *self
+            .shared
+            .last_fatal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(fatal.clone());
+        {
+            let mut last = self
+                .shared
+                .last_rebuild
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < REBUILD_INTERVAL) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let context = SecurityContext::new(&self.connection, self.shared.signer.clone());
+        match self.shared.config.create_with_context(context) {
+            Ok(new) => {
+                let old = std::mem::replace(
+                    &mut *self
+                        .shared
+                        .current
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner()),
+                    new,
+                );
+                drop(tokio::task::spawn_blocking(move || drop(old)));
+                tracing::warn!(connection = %self.connection, code = ?fatal.0, error = %fatal.1, "idempotent producer failed fatally; replaced by a new one");
+            }
+            Err(e) => {
+                tracing::error!(connection = %self.connection, error = %e, "cannot replace the fatally failed producer")
+            }
+        }
     }
 
     /// The connection name.
@@ -124,13 +209,17 @@ impl IdempotentProducer {
     /// The partition count of `topic`, from a metadata request (blocking, run off the async
     /// threads). Unknown topics and refused DESCRIBE come back as the broker's error code.
     pub async fn partition_count(&self, topic: &str) -> Result<usize, KafkaError> {
-        partition_count(self.producer.clone(), topic).await
+        partition_count(self.client(), topic).await
     }
 
     /// Queues `record` in order behind the records queued before it and returns the
     /// acknowledgement to wait for. A full local queue is waited out, not refused.
     pub async fn enqueue(&self, record: &OutRecord) -> Result<DeliveryFuture, KafkaError> {
-        enqueue(&self.producer, record, self.ack_timeout).await
+        let result = enqueue(&self.client(), record, self.ack_timeout).await;
+        if result.is_err() {
+            self.replace_if_fatal();
+        }
+        result
     }
 
     /// Records a delivery outcome in the producer metrics.
@@ -177,11 +266,21 @@ impl IdempotentProducer {
         }
         let started = std::time::Instant::now();
         let result = self
-            .producer
+            .client()
             .send(record, self.ack_timeout)
             .await
             .map(|d| (d.partition, d.offset))
             .map_err(|(e, _)| e);
+        match &result {
+            Ok(_) => {
+                *self
+                    .shared
+                    .last_fatal
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = None;
+            }
+            Err(_) => self.replace_if_fatal(),
+        }
         crate::telemetry::metrics::producer_delivery(
             &self.connection,
             result.is_ok(),

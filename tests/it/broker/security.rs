@@ -278,13 +278,34 @@ async fn consumes_over_sasl_ssl_with_exactly_the_product_page_acls_and_produces_
     // The daemon without WRITE: reported with the same words, nothing committed.
     let port = free_port();
     let no_write = config_text(&p, &group2, &topic, &failing.url(), port, &dl);
-    let (body, log) = daemon_reports(&no_write, port, &format!("WRITE on topic {dlq}")).await;
-    assert_no_secret("daemon log", &log, &secrets);
+    let (mut daemon, log) = start_daemon(&temp_config(&no_write));
+    let body = wait_reported(port, &format!("WRITE on topic {dlq}"), &log).await;
     assert_no_secret("/readyz", &body.to_string(), &secrets);
     assert_nothing_passed(&group2, &topic);
     assert_eq!(high_watermarks(&dlq, 1), vec![0]);
 
+    // WRITE added while the daemon runs: it dead-letters without a restart (its producer,
+    // refused a producer id, is replaced), and only then commits.
     acl(&p, true, &[format!("topic:{dlq}:WRITE")]).await;
+    let granted = Instant::now();
+    wait_for_async("10 dead-lettered records", Duration::from_secs(90), || {
+        let dlq = dlq.clone();
+        async move { (high_watermarks(&dlq, 1) == vec![10]).then_some(()) }
+    })
+    .await;
+    eprintln!(
+        "dead-lettering resumed {:?} after WRITE was granted",
+        granted.elapsed()
+    );
+    let ends = wait_committed_to_end(&group2, &topic, 1).await;
+    assert_eq!(ends.iter().sum::<i64>(), 10);
+    stop_daemon(&mut daemon);
+    assert_no_secret(
+        "daemon log",
+        &std::fs::read_to_string(&log).unwrap(),
+        &secrets,
+    );
+
     let (ok, out) = check(&path, true).await;
     assert!(ok, "check fails with WRITE added:\n{out}");
     let json: Value =
@@ -302,25 +323,10 @@ async fn consumes_over_sasl_ssl_with_exactly_the_product_page_acls_and_produces_
     assert!(names.contains(&"idempotent producer id"), "{names:?}");
     assert_eq!(
         high_watermarks(&dlq, 1),
-        vec![0],
+        vec![10],
         "the WRITE probe wrote nothing"
     );
     assert_no_secret("check --json output", &out, &secrets);
-
-    let (mut daemon, log) = start_daemon(&path);
-    wait_for_async("10 dead-lettered records", Duration::from_secs(90), || {
-        let dlq = dlq.clone();
-        async move { (high_watermarks(&dlq, 1) == vec![10]).then_some(()) }
-    })
-    .await;
-    let ends = wait_committed_to_end(&group2, &topic, 1).await;
-    assert_eq!(ends.iter().sum::<i64>(), 10);
-    stop_daemon(&mut daemon);
-    assert_no_secret(
-        "daemon log",
-        &std::fs::read_to_string(&log).unwrap(),
-        &secrets,
-    );
 }
 
 /// A daemon subprocess, killed when dropped (also when the test fails).
@@ -363,6 +369,15 @@ fn assert_nothing_passed(group: &str, topic: &str) {
 /// returns the readiness body and the daemon's log.
 async fn daemon_reports(config: &str, port: u16, wanted: &str) -> (Value, String) {
     let (daemon, log) = start_daemon(&temp_config(config));
+    let body = wait_reported(port, wanted, &log).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    drop(daemon);
+    (body, text)
+}
+
+/// Waits until `/readyz` names `wanted` in `missing_permissions` and the log says `missing
+/// <wanted>`; returns the readiness body. Fails on a secret in the log.
+async fn wait_reported(port: u16, wanted: &str, log: &Path) -> Value {
     let started = Instant::now();
     let body = wait_for_async(
         &format!("/readyz naming {wanted}"),
@@ -383,15 +398,15 @@ async fn daemon_reports(config: &str, port: u16, wanted: &str) -> (Value, String
         "the log line with the same words",
         Duration::from_secs(30),
         || {
-            let text = std::fs::read_to_string(&log).ok()?;
+            let text = std::fs::read_to_string(log).ok()?;
             text.lines()
                 .any(|l| l.contains(&format!("missing {wanted}")))
                 .then_some(text)
         },
     )
     .await;
-    drop(daemon);
-    (body, text)
+    assert_no_secret("daemon log", &text, &suite_secrets(&[]));
+    body
 }
 
 async fn missing_acl_is_named(removed: usize, wanted_of: impl Fn(&str, &str) -> String) {
