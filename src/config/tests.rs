@@ -360,3 +360,19 @@ fn produced_topics_include_exact_topics_of_produce_grants() {
     let produced: Vec<String> = c.produced_topics("orders").into_iter().collect();
     assert_eq!(produced, vec!["audit".to_owned()]);
 }
+
+#[test]
+fn credential_like_dispatcher_headers_are_redacted() {
+    let text = MINIMAL.replace(
+        "dispatcher = { url = \"http://127.0.0.1:8080/runs\" }",
+        "dispatcher = { url = \"http://127.0.0.1:8080/runs\", headers = { \"X-Api-Key\" = \"hdr-s3cret\", \"X-Tenant\" = \"acme\" } }",
+    );
+    let c = load(&text).unwrap();
+    assert_eq!(
+        c.connections["orders"].triggers["fraud"].dispatcher.headers["X-Api-Key"],
+        "hdr-s3cret"
+    );
+    let shown = format!("{}{c:?}", toml::to_string(&c).unwrap());
+    assert!(!shown.contains("hdr-s3cret"), "{shown}");
+    assert!(shown.contains("acme"), "{shown}");
+}

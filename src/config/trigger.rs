@@ -45,8 +45,9 @@ pub struct TriggerConfig {
     pub retry: RetryConfig,
 }
 
-/// The run dispatcher endpoint of a trigger.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+/// The run dispatcher endpoint of a trigger. Debug and Serialize redact the token and the
+/// values of credential-like headers.
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DispatcherConfig {
     /// URL the event is POSTed to.
@@ -54,12 +55,59 @@ pub struct DispatcherConfig {
     /// Bearer token sent as `Authorization: Bearer …`.
     #[serde(default)]
     pub token: Option<Secret>,
-    /// Extra request headers.
-    #[serde(default)]
+    /// Extra request headers. Values may be `{ env = "VAR" }` or `{ file = "/path" }`;
+    /// those of credential-like headers (`Authorization`, `Cookie`, names with `token`,
+    /// `key`, `secret`, `password` or `auth`) are never printed.
+    #[serde(
+        default,
+        serialize_with = "serialize_headers",
+        deserialize_with = "super::secret::deserialize_properties"
+    )]
     pub headers: BTreeMap<String, String>,
     /// Timeout of one dispatch request. Default 30000.
     #[serde(default = "default_dispatch_timeout_ms")]
     pub timeout_ms: u64,
+}
+
+/// Whether a request header carries a credential.
+fn is_secret_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n == "cookie"
+        || ["auth", "token", "key", "secret", "password"]
+            .iter()
+            .any(|w| n.contains(w))
+}
+
+fn redacted_headers(headers: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    headers
+        .iter()
+        .map(|(k, v)| {
+            let v = if is_secret_header(k) {
+                super::secret::REDACTED
+            } else {
+                v.as_str()
+            };
+            (k.as_str(), v)
+        })
+        .collect()
+}
+
+fn serialize_headers<S: serde::Serializer>(
+    headers: &BTreeMap<String, String>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    redacted_headers(headers).serialize(s)
+}
+
+impl std::fmt::Debug for DispatcherConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DispatcherConfig")
+            .field("url", &self.url.as_str())
+            .field("token", &self.token)
+            .field("headers", &redacted_headers(&self.headers))
+            .field("timeout_ms", &self.timeout_ms)
+            .finish()
+    }
 }
 
 /// Ordering guarantee of a trigger.
