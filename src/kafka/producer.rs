@@ -222,6 +222,23 @@ impl IdempotentProducer {
         result
     }
 
+    /// After the outcome of an [`IdempotentProducer::enqueue`]d record: a success clears a
+    /// remembered fatal error; a failure replaces a fatally failed client and returns the
+    /// fatal error that explains it (the record's own error is then only a consequence,
+    /// such as a purged queue).
+    pub fn settle(&self, ok: bool) -> Option<(RDKafkaErrorCode, String)> {
+        if ok {
+            *self
+                .shared
+                .last_fatal
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+            return None;
+        }
+        self.replace_if_fatal();
+        self.fatal_error()
+    }
+
     /// Records a delivery outcome in the producer metrics.
     pub fn observe(&self, ok: bool, started: std::time::Instant) {
         crate::telemetry::metrics::producer_delivery(

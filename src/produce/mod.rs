@@ -190,6 +190,27 @@ pub fn classify_kafka_error(e: &KafkaError, topic: &str, ack_timeout: Duration) 
     }
 }
 
+/// HTTP status and reason when the idempotent producer failed fatally: the broker refused
+/// its producer id, or fenced it. The producer is rebuilt, so a fixed ACL takes effect.
+pub fn classify_fatal(code: RDKafkaErrorCode, reason: &str, topic: &str) -> (u16, String) {
+    match code {
+        RDKafkaErrorCode::ClusterAuthorizationFailed
+        | RDKafkaErrorCode::TopicAuthorizationFailed
+        | RDKafkaErrorCode::TransactionalIdAuthorizationFailed => (
+            403,
+            format!(
+                "the broker refused the idempotent producer ({code:?}: {reason}): the principal \
+                 needs WRITE on topic {topic} (and, on clusters before 2.8, IDEMPOTENT_WRITE on \
+                 the cluster)"
+            ),
+        ),
+        _ => (
+            503,
+            format!("the idempotent producer failed ({code:?}: {reason}); it is being rebuilt"),
+        ),
+    }
+}
+
 /// Everything one connection needs to produce.
 pub struct Publisher {
     connection: String,
@@ -308,6 +329,7 @@ impl Publisher {
                 Err(e) => Err(e),
             };
             self.producer.observe(result.is_ok(), started);
+            let fatal = self.producer.settle(result.is_ok());
             match result {
                 Ok((partition, offset)) => outcomes.push(RecordOutcome::Written(Written {
                     topic: r.topic.clone(),
@@ -315,8 +337,10 @@ impl Publisher {
                     offset,
                 })),
                 Err(e) => {
-                    let (status, error) =
-                        classify_kafka_error(&e, &r.topic, self.producer.ack_timeout());
+                    let (status, error) = match &fatal {
+                        Some((code, reason)) => classify_fatal(*code, reason, &r.topic),
+                        None => classify_kafka_error(&e, &r.topic, self.producer.ack_timeout()),
+                    };
                     if first_failure.is_none() {
                         first_failure = Some((index, status, error.clone()));
                     }

@@ -536,48 +536,60 @@ async fn a_transactional_batch_that_fails_part_way_leaves_nothing_visible() {
     s.daemon.stop().await;
 }
 
+/// A fresh SCRAM principal with the product page's consumer ACLs and READ and DESCRIBE, but
+/// not WRITE, on the topic it is asked to produce to: the API answers 403 with the broker's
+/// reason and writes nothing; once WRITE is granted, the same request goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_limited_principal_produces_with_write_and_gets_403_without() {
-    let st = stack();
-    // The stack grants the limited principal READ, DESCRIBE and WRITE on topics and READ on
-    // groups under its ACL prefix, and nothing else.
-    let prefix = unique(&format!("{}prod", st.acl_prefix));
+    use super::security::{acl, consumer_acls, scram_user};
+    let prefix = unique("prod-acl");
     let consumed = format!("{prefix}-consumed");
-    let allowed = format!("{prefix}-out");
-    let denied = unique("prod-noacl");
-    for t in [&consumed, &allowed, &denied] {
+    let out = format!("{prefix}-out");
+    let group = format!("{prefix}-group");
+    for t in [&consumed, &out] {
         create_topic(t, 1).await;
     }
+    let p = scram_user("prod-acl-user").await;
+    let mut grants = consumer_acls(&consumed, &group);
+    grants.push(format!("topic:{out}:READ"));
+    grants.push(format!("topic:{out}:DESCRIBE"));
+    acl(&p, true, &grants).await;
+
     let d = dispatcher(Faults::default()).await;
     let port = free_port();
-    let kafka = sasl_ssl_kafka_table(
-        &st.limited_user,
-        &st.limited_password,
-        &unique(&format!("{}prod-group", st.acl_prefix)),
-    );
-    let toml = producing_toml(&kafka, &consumed, "", port, &d.url(), "");
+    let kafka = sasl_ssl_kafka_table(&p.user, &p.password, &group);
+    let toml = producing_toml(&kafka, &consumed, &prefix, port, &d.url(), "");
     let daemon = ProducingDaemon::start(&toml, port).await;
-    let (status, body) = daemon
-        .produce(
-            json!({"topic": allowed, "key": "k", "value_format": "json", "value": {"ok": true}}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(high_watermarks(&allowed, 1), vec![1]);
-
-    let (status, body) = daemon
-        .produce(
-            json!({"topic": denied, "key": "k", "value_format": "json", "value": {"ok": false}}),
-        )
-        .await;
+    let request = json!({"topic": out, "key": "k", "value_format": "json", "value": {"ok": true}});
+    let (status, body) = daemon.produce(request.clone()).await;
     assert_eq!(status, 403, "{body}");
     let error = body["error"].as_str().unwrap_or_default();
     assert!(
-        error.contains("Topic authorization failed")
-            && error.contains(&format!("WRITE on topic {denied}")),
-        "{error}"
+        error.contains("authorization failed"),
+        "the broker's reason: {error}"
     );
-    assert_eq!(high_watermarks(&denied, 1), vec![0]);
+    assert!(
+        error.contains(&format!("WRITE on topic {out}")),
+        "the missing ACL: {error}"
+    );
+    assert!(!error.contains(&p.password));
+    assert_eq!(high_watermarks(&out, 1), vec![0], "nothing written");
+
+    acl(&p, true, &[format!("topic:{out}:WRITE")]).await;
+    let body = wait_for_async(
+        "a write once WRITE is granted",
+        Duration::from_secs(60),
+        || {
+            let (daemon, request) = (&daemon, request.clone());
+            async move {
+                let (status, body) = daemon.produce(request).await;
+                (status == 200).then_some(body)
+            }
+        },
+    )
+    .await;
+    assert_eq!(body["topic"], out);
+    assert_eq!(high_watermarks(&out, 1), vec![1], "written once");
     daemon.stop().await;
 }
 

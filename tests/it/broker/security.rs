@@ -19,9 +19,9 @@ use super::{
 use crate::support::{free_port, repo, stack, temp_config, unique, wait_for, wait_for_async};
 
 /// A SCRAM-SHA-512 user created for one test.
-struct Principal {
-    user: String,
-    password: String,
+pub struct Principal {
+    pub user: String,
+    pub password: String,
 }
 
 async fn admin_helper(args: &[&str], env: Option<(&str, &str)>) {
@@ -52,7 +52,7 @@ async fn admin_helper(args: &[&str], env: Option<(&str, &str)>) {
     );
 }
 
-async fn scram_user(prefix: &str) -> Principal {
+pub async fn scram_user(prefix: &str) -> Principal {
     let user = unique(prefix);
     let password = format!("pw-{}", unique("secret"));
     admin_helper(
@@ -70,7 +70,7 @@ async fn scram_user(prefix: &str) -> Principal {
 }
 
 /// Adds (or removes) ACLs `kind:name:OP` for `p`.
-async fn acl(p: &Principal, add: bool, specs: &[String]) {
+pub async fn acl(p: &Principal, add: bool, specs: &[String]) {
     let mut args = vec![
         "acl",
         "--principal",
@@ -82,7 +82,7 @@ async fn acl(p: &Principal, add: bool, specs: &[String]) {
 }
 
 /// The product page's consumer ACLs for `topic` and `group`.
-fn consumer_acls(topic: &str, group: &str) -> Vec<String> {
+pub fn consumer_acls(topic: &str, group: &str) -> Vec<String> {
     vec![
         format!("topic:{topic}:READ"),
         format!("topic:{topic}:DESCRIBE"),
