@@ -142,23 +142,7 @@ impl ClientContext for ConnectorContext {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()) = Some(f);
         }
-        match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => {
-                tracing::error!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
-            }
-            RDKafkaLogLevel::Warning => {
-                tracing::warn!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
-            }
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                tracing::info!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
-            }
-            RDKafkaLogLevel::Debug => {
-                tracing::debug!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
-            }
-        }
+        log_to_tracing(c, level, fac, log_message);
     }
 
     /// librdkafka's statistics: broker reachability for readiness, consumer lag per partition
@@ -275,6 +259,28 @@ impl ConsumerContext for ConnectorContext {
                 crate::telemetry::metrics::commit(&self.connection, false);
                 tracing::warn!(connection = %self.connection, error = %e, "offset commit failed");
             }
+        }
+    }
+}
+
+/// Routes one librdkafka log line into tracing, under the target `librdkafka`, at the
+/// matching level, with the connection.
+pub(crate) fn log_to_tracing(c: &str, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+    match level {
+        RDKafkaLogLevel::Emerg
+        | RDKafkaLogLevel::Alert
+        | RDKafkaLogLevel::Critical
+        | RDKafkaLogLevel::Error => {
+            tracing::error!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+        }
+        RDKafkaLogLevel::Warning => {
+            tracing::warn!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+        }
+        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+            tracing::info!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+        }
+        RDKafkaLogLevel::Debug => {
+            tracing::debug!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
         }
     }
 }

@@ -403,23 +403,7 @@ impl ClientContext for SecurityContext {
         if let Some(f) = failure_in_log(log_message) {
             self.record(f);
         }
-        match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => {
-                tracing::error!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
-            }
-            RDKafkaLogLevel::Warning => {
-                tracing::warn!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
-            }
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                tracing::info!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
-            }
-            RDKafkaLogLevel::Debug => {
-                tracing::debug!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
-            }
-        }
+        super::context::log_to_tracing(c, level, fac, log_message);
     }
 
     fn stats(&self, stats: rdkafka::Statistics) {

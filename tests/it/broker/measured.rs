@@ -402,13 +402,16 @@ fn pause_broker() -> Resume {
     Resume(pid)
 }
 
-/// Acknowledgements delayed and lost: the broker is frozen (SIGSTOP) for 8 s, well past the
-/// producer's 2 s request timeout, while batches are in flight. librdkafka retries with the
+/// Acknowledgements delayed and lost: the broker is frozen (SIGSTOP) for 5 s, past the
+/// producer's 1.5 s request timeout several times over, while batches are in flight. (Not
+/// longer: a single KRaft node frozen beyond `broker.session.timeout.ms`, 9 s, fences itself
+/// on resume and bumps every leader epoch, a different failure.) librdkafka retries with the
 /// same producer id and sequence numbers, the broker drops what it already has, and a
 /// read_committed read-back finds every record once, in per-key order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn produce_writes_each_record_once_when_the_broker_pauses() {
-    use super::produce::{plain_kafka, producing_toml, reference_consume, ProducingDaemon};
+    use super::produce::{plain_kafka, producing_toml, ProducingDaemon};
+    use super::reference_consume;
     let prefix = unique("prod-pause");
     let topic = format!("{prefix}-out");
     let consumed = format!("{prefix}-consumed");
@@ -422,7 +425,7 @@ async fn produce_writes_each_record_once_when_the_broker_pauses() {
         &prefix,
         port,
         &d.url(),
-        "[connections.it.producer]\nack_timeout_ms = 90000\nkafka = { \"request.timeout.ms\" = \"2000\", \"linger.ms\" = \"5\" }\n",
+        "[connections.it.producer]\nack_timeout_ms = 90000\nkafka = { \"request.timeout.ms\" = \"1500\", \"linger.ms\" = \"5\" }\n",
     );
     let daemon = std::sync::Arc::new(ProducingDaemon::start(&toml, port).await);
     const REQUESTS: usize = 30;
@@ -456,7 +459,7 @@ async fn produce_writes_each_record_once_when_the_broker_pauses() {
     })
     .await;
     let resume = pause_broker();
-    let frozen = Duration::from_secs(8);
+    let frozen = Duration::from_secs(5);
     // The fault's length, not a synchronisation: the broker stays frozen this long.
     tokio::time::sleep(frozen).await;
     drop(resume);

@@ -49,32 +49,45 @@ pub async fn create_topic(topic: &str, partitions: i32) {
     }
 }
 
-/// Runs the reference producer (Python confluent-kafka serializers) with `spec`.
-pub async fn reference_produce(spec: Value) -> Value {
-    let script = crate::support::repo().join("scripts/py/refproduce.py");
+/// Runs `scripts/py/<script>` with the stack's Python, `spec` as JSON on stdin; returns the
+/// JSON it prints.
+async fn run_reference(script: &str, spec: Value) -> Value {
+    let path = crate::support::repo().join("scripts/py").join(script);
     let mut child = tokio::process::Command::new(&stack().python)
-        .arg(script)
+        .arg(path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run the reference producer");
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
     let mut stdin = child.stdin.take().expect("stdin");
     stdin
         .write_all(spec.to_string().as_bytes())
         .await
         .expect("write spec");
     drop(stdin);
-    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+    let out = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
         .await
-        .expect("reference producer timed out")
-        .expect("reference producer output");
+        .unwrap_or_else(|_| panic!("{script} timed out"))
+        .unwrap_or_else(|e| panic!("{script} output: {e}"));
     assert!(
         out.status.success(),
-        "reference producer failed: {}",
+        "{script} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("reference producer JSON")
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{script} JSON: {e}"))
+}
+
+/// Runs the reference producer (Python confluent-kafka serializers) with `spec`.
+pub async fn reference_produce(spec: Value) -> Value {
+    run_reference("refproduce.py", spec).await
+}
+
+/// Reads a topic with the reference consumer (Python confluent-kafka deserializers); returns
+/// its records.
+pub async fn reference_consume(spec: Value) -> Vec<Value> {
+    let v = run_reference("refconsume.py", spec).await;
+    v["records"].as_array().expect("records").clone()
 }
 
 /// Committed offsets of `group` for `partitions` of `topic` (-1 when none).

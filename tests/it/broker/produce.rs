@@ -13,6 +13,7 @@ use tessel_kafka::config::Config;
 use tessel_kafka::dev_dispatcher::Faults;
 use tokio_util::sync::CancellationToken;
 
+use super::reference_consume;
 use super::{create_topic, dispatcher, high_watermarks, sasl_ssl_kafka_table};
 use crate::support::{free_port, stack, temp_config, unique, wait_for_async};
 
@@ -57,34 +58,6 @@ pub async fn register_schema(subject: &str, schema_type: &str, schema: &str) -> 
     let body: Value = resp.json().await.expect("registry JSON");
     assert!(status.is_success(), "register {subject}: {status} {body}");
     u32::try_from(body["id"].as_u64().expect("id")).expect("u32 id")
-}
-
-/// Reads a topic with the reference consumer (Python confluent-kafka deserializers).
-pub async fn reference_consume(spec: Value) -> Vec<Value> {
-    let script = crate::support::repo().join("scripts/py/refconsume.py");
-    let mut child = tokio::process::Command::new(&stack().python)
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run the reference consumer");
-    let mut stdin = child.stdin.take().expect("stdin");
-    tokio::io::AsyncWriteExt::write_all(&mut stdin, spec.to_string().as_bytes())
-        .await
-        .expect("write spec");
-    drop(stdin);
-    let out = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
-        .await
-        .expect("reference consumer timed out")
-        .expect("reference consumer output");
-    assert!(
-        out.status.success(),
-        "reference consumer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("reference consumer JSON");
-    v["records"].as_array().expect("records").clone()
 }
 
 /// The daemon in this process with its HTTP server (and so the produce API) on a free port.
