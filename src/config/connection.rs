@@ -2,9 +2,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
-use super::secret::{is_secret_property, Secret, REDACTED};
+use super::secret::Secret;
 use super::security::{self, AwsIamConfig, KafkaAuth};
 use super::trigger::{ErrorPolicy, TriggerConfig};
 use super::ConfigError;
@@ -20,7 +20,7 @@ pub struct ConnectionConfig {
     /// `bootstrap.servers` and `group.id` are required. The connector sets
     /// `enable.auto.offset.store=false` and `isolation.level=read_committed` itself.
     #[serde(
-        serialize_with = "serialize_kafka_properties",
+        serialize_with = "super::secret::serialize_properties",
         deserialize_with = "super::secret::deserialize_properties"
     )]
     pub kafka: BTreeMap<String, String>,
@@ -94,21 +94,10 @@ pub struct RegistryConfig {
 
 impl std::fmt::Debug for ConnectionConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kafka: BTreeMap<&str, &str> = self
-            .kafka
-            .iter()
-            .map(|(k, v)| {
-                let v = if is_secret_property(k) {
-                    REDACTED
-                } else {
-                    v.as_str()
-                };
-                (k.as_str(), v)
-            })
-            .collect();
         f.debug_struct("ConnectionConfig")
-            .field("kafka", &kafka)
+            .field("kafka", &super::secret::redacted_properties(&self.kafka))
             .field("schema_registry", &self.schema_registry)
+            .field("producer", &self.producer)
             .field("triggers", &self.triggers)
             .field("drain_timeout_ms", &self.drain_timeout_ms)
             .field("stall_after_ms", &self.stall_after_ms)
@@ -138,24 +127,6 @@ fn default_max_buffered_bytes() -> usize {
 }
 fn default_registry_timeout_ms() -> u64 {
     10_000
-}
-
-fn serialize_kafka_properties<S: Serializer>(
-    props: &BTreeMap<String, String>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    let redacted: BTreeMap<&str, &str> = props
-        .iter()
-        .map(|(k, v)| {
-            let v = if is_secret_property(k) {
-                REDACTED
-            } else {
-                v.as_str()
-            };
-            (k.as_str(), v)
-        })
-        .collect();
-    redacted.serialize(s)
 }
 
 /// Properties the connector owns; a user value is refused with the reason.

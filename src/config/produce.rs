@@ -74,14 +74,18 @@ pub fn topic_matches(pattern: &str, topic: &str) -> bool {
 
 /// `[connections.<name>.producer]`: the connection's idempotent producer, shared by the
 /// produce API and dead-letter writes.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProducerConfig {
     /// librdkafka producer properties added to the connection's `kafka` table (consumer-only
     /// properties are left out), e.g. `linger.ms`, `compression.type`. The connector forces
     /// `enable.idempotence=true` and `acks=all`; `partitioner` defaults to `murmur2_random`,
     /// which places keys on the same partitions as the Java client does.
-    #[serde(default)]
+    #[serde(
+        default,
+        serialize_with = "super::secret::serialize_properties",
+        deserialize_with = "super::secret::deserialize_properties"
+    )]
     pub kafka: BTreeMap<String, String>,
     /// How long the broker may take to acknowledge a record, retries included
     /// (`message.timeout.ms`). The API answers 504 after it. Default 30000.
@@ -96,6 +100,16 @@ pub struct ProducerConfig {
 
 fn default_ack_timeout_ms() -> u64 {
     30_000
+}
+
+impl std::fmt::Debug for ProducerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProducerConfig")
+            .field("kafka", &super::secret::redacted_properties(&self.kafka))
+            .field("ack_timeout_ms", &self.ack_timeout_ms)
+            .field("transactional_id_prefix", &self.transactional_id_prefix)
+            .finish()
+    }
 }
 
 impl Default for ProducerConfig {

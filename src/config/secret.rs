@@ -102,6 +102,32 @@ fn file_property(key: &str) -> Option<&str> {
         .filter(|k| !k.is_empty())
 }
 
+/// `props` with the value of every secret property replaced by [`REDACTED`], for Debug and
+/// `config check` output.
+pub(crate) fn redacted_properties(
+    props: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<&str, &str> {
+    props
+        .iter()
+        .map(|(k, v)| {
+            let v = if is_secret_property(k) {
+                REDACTED
+            } else {
+                v.as_str()
+            };
+            (k.as_str(), v)
+        })
+        .collect()
+}
+
+/// Serializes librdkafka properties with secret values redacted.
+pub(crate) fn serialize_properties<S: Serializer>(
+    props: &std::collections::BTreeMap<String, String>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    redacted_properties(props).serialize(s)
+}
+
 /// librdkafka properties: strings, numbers and booleans as written, and secrets given as
 /// `{ env = … }` or `{ file = … }` resolved. `"<property>_file" = "/path"` reads the
 /// property's value from the file (trailing newline trimmed), for mounted secrets.

@@ -376,3 +376,20 @@ fn credential_like_dispatcher_headers_are_redacted() {
     assert!(!shown.contains("hdr-s3cret"), "{shown}");
     assert!(shown.contains("acme"), "{shown}");
 }
+
+#[test]
+fn producer_properties_take_secret_sources_and_are_redacted() {
+    let text = format!(
+        "{MINIMAL}\n[connections.orders.producer]\nkafka = {{ \"linger.ms\" = 5, \"sasl.password\" = \"producer-only-secret\" }}\n"
+    );
+    let c = load(&text).unwrap();
+    let p = &c.connections["orders"].producer;
+    assert_eq!(p.kafka["linger.ms"], "5");
+    assert_eq!(p.kafka["sasl.password"], "producer-only-secret");
+    let printed = toml::to_string_pretty(&c).unwrap();
+    let debug = format!("{c:?}");
+    for out in [&printed, &debug] {
+        assert!(!out.contains("producer-only-secret"), "{out}");
+        assert!(out.contains("linger.ms"), "{out}");
+    }
+}
