@@ -12,7 +12,7 @@ use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
 };
-use tracing_subscriber::filter::{filter_fn, Targets};
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{fmt, EnvFilter, Layer as _};
@@ -42,11 +42,15 @@ impl Telemetry {
 /// Installs the global tracing subscriber: log lines to stderr (`RUST_LOG` wins over the
 /// configured level) and, with `otlp`, message spans to the collector.
 pub fn init_tracing(config: &LogConfig, otlp: Option<&OtlpConfig>) -> Telemetry {
+    // The trace target's spans never reach the log. A directive (not a filter function)
+    // keeps callsite interest static, so disabled log macros stay a cached no-op.
+    let hide_traces = format!("{}=off", trace::TARGET)
+        .parse()
+        .expect("a valid directive");
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    // Span-only callsites of the trace target never reach the log.
-    let not_trace = filter_fn(|m| m.target() != trace::TARGET);
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        .add_directive(hide_traces);
     let log = match config.format {
         LogFormat::Json => fmt::layer()
             .json()
@@ -55,12 +59,10 @@ pub fn init_tracing(config: &LogConfig, otlp: Option<&OtlpConfig>) -> Telemetry 
             .with_span_list(false)
             .with_writer(std::io::stderr)
             .with_filter(filter)
-            .with_filter(not_trace)
             .boxed(),
         LogFormat::Text => fmt::layer()
             .with_writer(std::io::stderr)
             .with_filter(filter)
-            .with_filter(not_trace)
             .boxed(),
     };
     let (provider, error) = match otlp.map(build_provider) {
