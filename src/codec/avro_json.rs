@@ -41,6 +41,16 @@ fn kind(j: &Json) -> &'static str {
     }
 }
 
+/// A serde_path_to_error path (`a.b[2].c`) as a JSON path (`$.a.b[2].c`).
+pub(crate) fn serde_path(path: &serde_path_to_error::Path) -> String {
+    let inner = path.to_string();
+    if inner == "." || inner.is_empty() {
+        "$".to_owned()
+    } else {
+        format!("$.{inner}").replace(".[", "[")
+    }
+}
+
 /// Converts `json` to a value of `schema`.
 pub(crate) fn from_json(
     json: &Json,
@@ -380,7 +390,8 @@ fn is_uuid(s: &str) -> bool {
         })
 }
 
-fn push_key(path: &mut String, key: &str) {
+/// Appends `.key`, or `["key"]` when the key is not a plain identifier.
+pub(crate) fn push_key(path: &mut String, key: &str) {
     if !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
         path.push('.');
         path.push_str(key);

@@ -306,11 +306,8 @@ fn pointer_to_path(pointer: &str) -> String {
         let seg = seg.replace("~1", "/").replace("~0", "~");
         if !seg.is_empty() && seg.bytes().all(|b| b.is_ascii_digit()) {
             out.push_str(&format!("[{seg}]"));
-        } else if !seg.is_empty() && seg.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            out.push('.');
-            out.push_str(&seg);
         } else {
-            out.push_str(&format!("[{}]", Json::String(seg)));
+            avro_json::push_key(&mut out, &seg);
         }
     }
     out
@@ -359,16 +356,9 @@ fn proto_from_json(json: &Json, desc: &MessageDescriptor) -> Result<DynamicMessa
     let mut track = serde_path_to_error::Track::new();
     let de = serde_path_to_error::Deserializer::new(json, &mut track);
     let options = DeserializeOptions::new().deny_unknown_fields(true);
-    DynamicMessage::deserialize_with_options(desc.clone(), de, &options).map_err(|e| {
-        let inner = track.path().to_string();
-        Mismatch {
-            path: if inner == "." || inner.is_empty() {
-                "$".to_owned()
-            } else {
-                format!("$.{inner}").replace(".[", "[")
-            },
-            reason: e.to_string(),
-        }
+    DynamicMessage::deserialize_with_options(desc.clone(), de, &options).map_err(|e| Mismatch {
+        path: avro_json::serde_path(&track.path()),
+        reason: e.to_string(),
     })
 }
 

@@ -388,12 +388,6 @@ impl Inner {
                 subject: subject.to_owned(),
                 version: v,
             }),
-            Err(RegistryError::Invalid { reason, .. }) if reason.starts_with("HTTP 404") => {
-                Err(RegistryError::SubjectNotFound {
-                    subject: subject.to_owned(),
-                    version: v,
-                })
-            }
             Err(e) => Err(e),
         }
     }

@@ -95,41 +95,30 @@ async fn produce(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (status, resp) = handle(&api, &connection, &headers, body).await;
+    let resp = handle(&api, &connection, &headers, body).await;
     // Only configured connection names become labels.
     let label = if api.publishers.contains_key(&connection) {
         connection.as_str()
     } else {
         "unknown"
     };
-    crate::telemetry::metrics::produce_request(label, status);
+    crate::telemetry::metrics::produce_request(label, resp.status().as_u16());
     resp
 }
 
-async fn handle(
-    api: &ProduceApi,
-    connection: &str,
-    headers: &HeaderMap,
-    body: Body,
-) -> (u16, Response) {
+async fn handle(api: &ProduceApi, connection: &str, headers: &HeaderMap, body: Body) -> Response {
     if api.config.tokens.is_empty() {
-        return (
+        return refuse(
             404,
-            refuse(
-                404,
-                "the produce API is off: no [produce.tokens] are configured",
-            ),
+            "the produce API is off: no [produce.tokens] are configured",
         );
     }
     let token = match api.authenticate(headers) {
         Ok(t) => t.to_owned(),
-        Err(reason) => return (401, refuse(401, reason)),
+        Err(reason) => return refuse(401, reason),
     };
     let Some(publisher) = api.publishers.get(connection) else {
-        return (
-            404,
-            refuse(404, &format!("unknown connection {connection:?}")),
-        );
+        return refuse(404, &format!("unknown connection {connection:?}"));
     };
     let limit = api.config.max_body_bytes;
     let declared = headers
@@ -137,12 +126,9 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
     let too_large = || {
-        (
+        refuse(
             413,
-            refuse(
-                413,
-                &format!("the body exceeds {limit} bytes (produce.max_body_bytes)"),
-            ),
+            &format!("the body exceeds {limit} bytes (produce.max_body_bytes)"),
         )
     };
     if declared.is_some_and(|n| n > limit) {
@@ -153,8 +139,8 @@ async fn handle(
     };
     let request = match parse_request(&bytes, api.config.max_batch_messages) {
         Ok(r) => r,
-        Err(e @ RequestError::TooMany { .. }) => return (413, refuse(413, &e.to_string())),
-        Err(e) => return (400, refuse(400, &e.to_string())),
+        Err(e @ RequestError::TooMany { .. }) => return refuse(413, &e.to_string()),
+        Err(e) => return refuse(400, &e.to_string()),
     };
     let grant = &api.config.tokens[&token];
     for (i, m) in request.messages.iter().enumerate() {
@@ -163,7 +149,7 @@ async fn handle(
                 "messages[{i}]: token {token:?} may not produce to topic {:?} on connection {connection:?}",
                 m.topic
             );
-            return (403, refuse(403, &msg));
+            return refuse(403, &msg);
         }
     }
     match publisher
@@ -177,17 +163,16 @@ async fn handle(
             } else {
                 json!(written[0])
             };
-            (200, (StatusCode::OK, Json(body)).into_response())
+            (StatusCode::OK, Json(body)).into_response()
         }
         Err(e) => {
-            let status = e.status();
             log_failure(connection, &token, &e);
             let mut body = json!({ "error": e.to_string() });
             if let Some(results) = e.results() {
                 body["results"] = json!(results);
             }
-            let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-            (status, (code, Json(body)).into_response())
+            let code = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY);
+            (code, Json(body)).into_response()
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use serde_json::{json, Map, Value as Json};
 
-use super::{parse_request, Publisher};
+use super::{parse_value, Publisher};
 use crate::cli::ProduceArgs;
 use crate::config::Config;
 use crate::kafka::supervisor::SharedClients;
@@ -106,8 +106,7 @@ async fn send(
     let mut batch = defaults.clone();
     let _ = batch.insert("messages".into(), Json::Array(records));
     let _ = batch.insert("transactional".into(), json!(args.transactional));
-    let body = serde_json::to_vec(&Json::Object(batch))?;
-    let request = parse_request(&body, usize::MAX)?;
+    let request = parse_value(&Json::Object(batch), usize::MAX)?;
     match publisher
         .publish(&request.messages, request.transactional)
         .await

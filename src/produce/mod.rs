@@ -18,7 +18,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use serde::Serialize;
 use serde_json::Value as Json;
 
-pub use request::{parse_request, MessageIn, ProduceRequest, RequestError};
+pub use request::{parse_request, parse_value, MessageIn, ProduceRequest, RequestError};
 
 use crate::codec::encode::{EncodeError, Encoder, ProduceFormat};
 use crate::codec::registry::RegistryError;

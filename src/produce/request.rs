@@ -118,17 +118,14 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Json>, D::Er
 pub fn parse_request(body: &[u8], max_batch: usize) -> Result<ProduceRequest, RequestError> {
     let json: Json =
         serde_json::from_slice(body).map_err(|e| RequestError::Syntax(e.to_string()))?;
-    let de = &json;
-    let wire: Wire = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        RequestError::Shape {
-            path: if path == "." {
-                "$".to_owned()
-            } else {
-                format!("$.{path}").replace(".[", "[")
-            },
-            reason: e.into_inner().to_string(),
-        }
+    parse_value(&json, max_batch)
+}
+
+/// Like [`parse_request`] for a request already parsed as JSON.
+pub fn parse_value(json: &Json, max_batch: usize) -> Result<ProduceRequest, RequestError> {
+    let wire: Wire = serde_path_to_error::deserialize(json).map_err(|e| RequestError::Shape {
+        path: crate::codec::avro_json::serde_path(e.path()),
+        reason: e.into_inner().to_string(),
     })?;
     let shape = |path: String, reason: &str| RequestError::Shape {
         path,
