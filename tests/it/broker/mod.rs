@@ -32,11 +32,19 @@ use crate::support::stack;
 
 /// Creates `topic` with `partitions` partitions through the PLAINTEXT listener.
 pub async fn create_topic(topic: &str, partitions: i32) {
+    create_topic_with(topic, partitions, &[]).await;
+}
+
+/// Creates `topic` with topic-level `config` entries (such as `max.message.bytes`).
+pub async fn create_topic_with(topic: &str, partitions: i32, config: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &stack().bootstrap)
         .create()
         .expect("admin client");
-    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for (k, v) in config {
+        new = new.set(k, v);
+    }
     let res = admin
         .create_topics(
             &[new],
@@ -137,10 +145,16 @@ pub struct Connector {
 impl Connector {
     /// Builds and starts the connector from TOML text.
     pub fn start(toml: &str) -> Self {
+        Self::start_with(toml, false)
+    }
+
+    /// Like [`Connector::start`]; `serve` also starts its HTTP server (metrics, health and
+    /// the produce API) on `[server] listen`.
+    pub fn start_with(toml: &str, serve: bool) -> Self {
         let config = Config::from_toml_with_env(toml, Vec::new()).expect("valid config");
         let app = App::build(config).expect("app builds");
         let token = CancellationToken::new();
-        let handle = tokio::spawn(app.run(token.clone(), false));
+        let handle = tokio::spawn(app.run(token.clone(), serve));
         Self { token, handle }
     }
 

@@ -4,43 +4,17 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use serde_json::{json, Value};
-use tessel_kafka::app::App;
-use tessel_kafka::config::Config;
 use tessel_kafka::dev_dispatcher::Faults;
-use tokio_util::sync::CancellationToken;
 
 use super::reference_consume;
-use super::{create_topic, dispatcher, high_watermarks, sasl_ssl_kafka_table};
+use super::{
+    create_topic, create_topic_with, dispatcher, high_watermarks, sasl_ssl_kafka_table, Connector,
+};
 use crate::support::{free_port, stack, temp_config, unique, wait_for_async};
 
 /// A token the tests' configurations grant.
 pub const TOKEN: &str = "it-produce-token-0123456789";
-
-/// Creates `topic` with topic-level `config` entries.
-pub async fn create_topic_with(topic: &str, partitions: i32, config: &[(&str, &str)]) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &stack().bootstrap)
-        .create()
-        .expect("admin client");
-    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-    for (k, v) in config {
-        new = new.set(k, v);
-    }
-    for r in admin
-        .create_topics(
-            &[new],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-        )
-        .await
-        .expect("create topics")
-    {
-        r.unwrap_or_else(|(t, e)| panic!("cannot create topic {t}: {e}"));
-    }
-}
 
 /// Registers `schema` of `schema_type` (AVRO, PROTOBUF, JSON) under `subject`; returns its id.
 pub async fn register_schema(subject: &str, schema_type: &str, schema: &str) -> u32 {
@@ -63,17 +37,13 @@ pub async fn register_schema(subject: &str, schema_type: &str, schema: &str) -> 
 /// The daemon in this process with its HTTP server (and so the produce API) on a free port.
 pub struct ProducingDaemon {
     pub base: String,
-    token: CancellationToken,
-    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+    connector: Connector,
 }
 
 impl ProducingDaemon {
     /// Starts it from TOML text whose `[server] listen` is `127.0.0.1:{port}`.
     pub async fn start(toml: &str, port: u16) -> Self {
-        let config = Config::from_toml_with_env(toml, Vec::new()).expect("valid config");
-        let app = App::build(config).expect("app builds");
-        let token = CancellationToken::new();
-        let handle = tokio::spawn(app.run(token.clone(), true));
+        let connector = Connector::start_with(toml, true);
         let base = format!("http://127.0.0.1:{port}");
         let probe = format!("{base}/healthz");
         wait_for_async("the HTTP server", Duration::from_secs(30), || {
@@ -81,11 +51,7 @@ impl ProducingDaemon {
             async move { reqwest::get(&probe).await.ok().map(|_| ()) }
         })
         .await;
-        Self {
-            base,
-            token,
-            handle,
-        }
+        Self { base, connector }
     }
 
     /// POSTs `body` to the connection's messages endpoint with `token` (if any).
@@ -114,12 +80,7 @@ impl ProducingDaemon {
     }
 
     pub async fn stop(self) {
-        self.token.cancel();
-        tokio::time::timeout(Duration::from_secs(60), self.handle)
-            .await
-            .expect("daemon stops within 60 s")
-            .expect("daemon task")
-            .expect("daemon result");
+        self.connector.stop().await;
     }
 }
 
