@@ -307,6 +307,35 @@ impl IdempotentProducer {
     }
 }
 
+/// If writing to `topic` failed for lack of WRITE, the explanation, naming the permission the
+/// way the product page does: the broker answered TOPIC_AUTHORIZATION_FAILED, or refused
+/// the idempotent producer its id (`fatal`, from [`IdempotentProducer::fatal_error`]),
+/// which since Kafka 2.8 WRITE on a topic grants (before, IDEMPOTENT_WRITE on the cluster).
+pub fn refused_write(
+    e: &KafkaError,
+    fatal: Option<&(RDKafkaErrorCode, String)>,
+    topic: &str,
+) -> Option<String> {
+    let fatal = fatal.filter(|(code, _)| {
+        matches!(
+            code,
+            RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+        )
+    });
+    let permission = format!("WRITE on topic {topic}");
+    match fatal {
+        Some((_, why)) => Some(format!(
+            "missing {permission}, or IDEMPOTENT_WRITE on the cluster before Kafka 2.8 \
+             ({e}: {why})"
+        )),
+        None if e.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed) => {
+            Some(format!("missing {permission} ({e})"))
+        }
+        None => None,
+    }
+}
+
 /// A record ready to be written: encoded key and value, headers, an optional partition and
 /// timestamp.
 #[derive(Clone, Debug, Default)]

@@ -460,30 +460,17 @@ async fn apply_error_policy(
                     Some(WorkOutcome::DeadLettered)
                 }
                 Err(e) => {
-                    use rdkafka::types::RDKafkaErrorCode as C;
-                    // A refused producer id makes the idempotent producer fail every write
-                    // with a fatal error; since Kafka 2.8, WRITE on the topic grants the id.
-                    let fatal = producer.fatal_error().filter(|(code, _)| {
-                        matches!(
-                            code,
-                            C::ClusterAuthorizationFailed | C::TopicAuthorizationFailed
-                        )
-                    });
-                    let refused = e.rdkafka_error_code() == Some(C::TopicAuthorizationFailed)
-                        || fatal.is_some();
-                    let reason = if refused {
-                        let permission = format!("WRITE on topic {topic}");
-                        *trigger
-                            .missing_permission
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner()) =
-                            Some((Instant::now(), permission.clone()));
-                        match fatal {
-                            Some((_, why)) => format!("missing {permission} ({e}: {why})"),
-                            None => format!("missing {permission} ({e})"),
+                    let fatal = producer.fatal_error();
+                    let reason = match super::producer::refused_write(&e, fatal.as_ref(), topic) {
+                        Some(reason) => {
+                            *trigger
+                                .missing_permission
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner()) =
+                                Some((Instant::now(), format!("WRITE on topic {topic}")));
+                            reason
                         }
-                    } else {
-                        e.to_string()
+                        None => e.to_string(),
                     };
                     trigger.failed(&format!("cannot write to the dead-letter topic: {reason}"));
                     tracing::error!(

@@ -24,7 +24,7 @@ use crate::codec::encode::{EncodeError, Encoder, ProduceFormat};
 use crate::codec::registry::RegistryError;
 use crate::config::ConnectionConfig;
 use crate::kafka::producer::{
-    IdempotentProducer, OutRecord, TransactionError, TransactionalProducer,
+    refused_write, IdempotentProducer, OutRecord, TransactionError, TransactionalProducer,
 };
 
 /// How long a topic's partition count is trusted.
@@ -190,27 +190,6 @@ pub fn classify_kafka_error(e: &KafkaError, topic: &str, ack_timeout: Duration) 
     }
 }
 
-/// HTTP status and reason when the idempotent producer failed fatally: the broker refused
-/// its producer id, or fenced it. The producer is rebuilt, so a fixed ACL takes effect.
-pub fn classify_fatal(code: RDKafkaErrorCode, reason: &str, topic: &str) -> (u16, String) {
-    match code {
-        RDKafkaErrorCode::ClusterAuthorizationFailed
-        | RDKafkaErrorCode::TopicAuthorizationFailed
-        | RDKafkaErrorCode::TransactionalIdAuthorizationFailed => (
-            403,
-            format!(
-                "the broker refused the idempotent producer ({code:?}: {reason}): the principal \
-                 needs WRITE on topic {topic} (and, on clusters before 2.8, IDEMPOTENT_WRITE on \
-                 the cluster)"
-            ),
-        ),
-        _ => (
-            503,
-            format!("the idempotent producer failed ({code:?}: {reason}); it is being rebuilt"),
-        ),
-    }
-}
-
 /// Everything one connection needs to produce.
 pub struct Publisher {
     connection: String,
@@ -337,9 +316,16 @@ impl Publisher {
                     offset,
                 })),
                 Err(e) => {
-                    let (status, error) = match &fatal {
-                        Some((code, reason)) => classify_fatal(*code, reason, &r.topic),
-                        None => classify_kafka_error(&e, &r.topic, self.producer.ack_timeout()),
+                    let (status, error) = match (refused_write(&e, fatal.as_ref(), &r.topic), &fatal) {
+                        (Some(reason), _) => (403, format!("the broker refused: {reason}")),
+                        // Fenced or otherwise broken: it is rebuilt on the next write.
+                        (None, Some((code, why))) => (
+                            503,
+                            format!("the idempotent producer failed ({code:?}: {why}); it is being rebuilt"),
+                        ),
+                        (None, None) => {
+                            classify_kafka_error(&e, &r.topic, self.producer.ack_timeout())
+                        }
                     };
                     if first_failure.is_none() {
                         first_failure = Some((index, status, error.clone()));
