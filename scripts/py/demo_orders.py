@@ -35,7 +35,7 @@ def main():
         except Exception as e:  # already exists on a second run
             if "TOPIC_ALREADY_EXISTS" not in str(e):
                 raise
-    sr = SchemaRegistryClient({"url": a.registry})
+    sr = SchemaRegistryClient({"url": a.registry, "timeout": 20})
     ser = AvroSerializer(sr, SCHEMA, conf={"subject.name.strategy": topic_subject_name_strategy})
     p = Producer({"bootstrap.servers": a.bootstrap, "enable.idempotence": True})
     customers = ["ada", "grace", "linus", "barbara", "ken"]

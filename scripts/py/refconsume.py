@@ -17,6 +17,7 @@ ordered by partition, then offset. Avro decimals, bytes and datetimes are writte
 (bytes in base64); Protobuf messages in the proto3 JSON mapping with proto field names.
 """
 import base64
+import faulthandler
 import datetime
 import decimal
 import json
@@ -77,8 +78,11 @@ def make_deserializer(side, registry):
 
 
 def main():
+    # The tests wait 180 s for this script: print every thread's stack and exit just before,
+    # so a hang shows where it is.
+    faulthandler.dump_traceback_later(170, exit=True)
     spec = json.load(sys.stdin)
-    registry = SchemaRegistryClient({"url": spec["registry"]}) if spec.get("registry") else None
+    registry = SchemaRegistryClient({"url": spec["registry"], "timeout": 20}) if spec.get("registry") else None
     key_de = make_deserializer(spec.get("key", {"format": "string"}), registry)
     value_de = make_deserializer(spec.get("value", {"format": "raw"}), registry)
     topic = spec["topic"]

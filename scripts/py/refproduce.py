@@ -18,6 +18,7 @@ Prints a JSON document: {"records": [{"partition": p, "offset": o}, ...] } in pr
 (offsets are known only for acknowledged records).
 """
 import base64
+import faulthandler
 import datetime
 import decimal
 import json
@@ -107,9 +108,12 @@ def make_serializer(spec, sr, field):
 
 
 def main():
+    # The tests wait 180 s for this script: print every thread's stack and exit just before,
+    # so a hang shows where it is.
+    faulthandler.dump_traceback_later(170, exit=True)
     spec = json.load(sys.stdin)
     topic = spec["topic"]
-    sr = SchemaRegistryClient({"url": spec["registry"]}) if spec.get("registry") else None
+    sr = SchemaRegistryClient({"url": spec["registry"], "timeout": 20}) if spec.get("registry") else None
     key_ser = make_serializer(spec.get("key", {"format": "string"}), sr, MessageField.KEY)
     value_ser = make_serializer(spec.get("value", {"format": "json"}), sr, MessageField.VALUE)
     common = {"bootstrap.servers": spec["bootstrap"], "enable.idempotence": True, "acks": "all",

@@ -66,6 +66,7 @@ async fn run_reference(script: &str, spec: Value) -> Value {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|e| panic!("run {script}: {e}"));
     let mut stdin = child.stdin.take().expect("stdin");
