@@ -194,8 +194,11 @@ async fn handle(State(state): State<Arc<DevState>>, headers: HeaderMap, body: By
     let _ = state.attempts.fetch_add(1, Ordering::SeqCst);
     let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     let _ = state.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    // The server drops this future when the client goes away mid-request; the guard still
+    // counts the request out.
+    let in_flight = InFlight(&state.in_flight);
     let response = respond(&state, &headers, &body).await;
-    let _ = state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    drop(in_flight);
     if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
         let mut inner = state.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner
@@ -205,6 +208,15 @@ async fn handle(State(state): State<Arc<DevState>>, headers: HeaderMap, body: By
             .push((arrived, response.status().as_u16()));
     }
     response
+}
+
+/// One request in flight; counted out when dropped.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Response {

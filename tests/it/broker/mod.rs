@@ -101,6 +101,15 @@ pub async fn reference_consume(spec: Value) -> Vec<Value> {
 
 /// Committed offsets of `group` for `partitions` of `topic` (-1 when none).
 pub fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    committed_with_metadata(group, topic, partitions)
+        .into_iter()
+        .map(|(offset, _)| offset)
+        .collect()
+}
+
+/// Committed offsets of `group` for `partitions` of `topic` (-1 when none), each with its
+/// commit metadata.
+pub fn committed_with_metadata(group: &str, topic: &str, partitions: i32) -> Vec<(i64, String)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &stack().bootstrap)
         .set("group.id", group)
@@ -114,9 +123,12 @@ pub fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
         .committed_offsets(tpl, Duration::from_secs(10))
         .expect("committed offsets");
     (0..partitions)
-        .map(|p| match got.find_partition(topic, p).map(|e| e.offset()) {
-            Some(Offset::Offset(o)) => o,
-            _ => -1,
+        .map(|p| match got.find_partition(topic, p) {
+            Some(e) => match e.offset() {
+                Offset::Offset(o) => (o, e.metadata().to_owned()),
+                _ => (-1, String::new()),
+            },
+            None => (-1, String::new()),
         })
         .collect()
 }
