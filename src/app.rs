@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::health::HealthRegistry;
+use crate::kafka::produce_only::ProduceOnly;
 use crate::kafka::supervisor::{ConnectionSupervisor, SharedClients, SupervisorError};
 use crate::produce::api::ProduceApi;
 use crate::produce::Publisher;
@@ -16,6 +17,8 @@ use crate::produce::Publisher;
 pub struct App {
     config: Config,
     supervisors: Vec<ConnectionSupervisor>,
+    /// Connections without triggers: health probes only.
+    produce_only: Vec<ProduceOnly>,
     health: HealthRegistry,
     produce: Arc<ProduceApi>,
 }
@@ -26,6 +29,7 @@ impl App {
     pub fn build(config: Config) -> Result<Self, SupervisorError> {
         let health = HealthRegistry::default();
         let mut supervisors = Vec::new();
+        let mut produce_only = Vec::new();
         let mut publishers = HashMap::new();
         for (name, c) in &config.connections {
             let produces = config.produce.grants_connection(name);
@@ -34,17 +38,29 @@ impl App {
                 let publisher = Publisher::new(name, c, producer.clone(), shared.registry.clone());
                 let _ = publishers.insert(name.clone(), Arc::new(publisher));
             }
-            supervisors.push(ConnectionSupervisor::try_new(
-                name,
-                c,
-                health.clone(),
-                &shared,
-            )?);
+            if c.consumes() {
+                supervisors.push(ConnectionSupervisor::try_new(
+                    name,
+                    c,
+                    health.clone(),
+                    &shared,
+                )?);
+            } else if let Some(producer) = &shared.producer {
+                // Validation makes sure a token grants every connection without triggers.
+                produce_only.push(ProduceOnly::new(
+                    name,
+                    producer.clone(),
+                    shared.registry.clone(),
+                    config.produced_topics(name).into_iter().next(),
+                    health.clone(),
+                ));
+            }
         }
         let produce = Arc::new(ProduceApi::new(publishers, config.produce.clone()));
         Ok(Self {
             config,
             supervisors,
+            produce_only,
             health,
             produce,
         })
@@ -78,7 +94,14 @@ impl App {
                 result
             }));
         }
+        for p in self.produce_only {
+            drop(tracker.spawn(p.run(shutdown.clone())));
+        }
         tracker.close();
+        if handles.is_empty() {
+            // Only produce-only connections: nothing ends on its own before shutdown.
+            shutdown.cancelled().await;
+        }
         let mut first_error = None;
         for h in handles {
             match h.await {

@@ -90,9 +90,32 @@ fn partitions_of(
     Ok(out)
 }
 
+/// The consuming connection named, or the only one; connections without triggers have no
+/// consumer group.
+fn consuming_connection<'a>(
+    config: &'a Config,
+    name: Option<&str>,
+) -> anyhow::Result<(&'a str, &'a ConnectionConfig)> {
+    if name.is_some() {
+        let (n, c) = connection(config, name)?;
+        if !c.consumes() {
+            bail!("connection {n} has no triggers: it only produces and has no consumer group");
+        }
+        return Ok((n, c));
+    }
+    let mut consuming = config.connections.iter().filter(|(_, c)| c.consumes());
+    match (consuming.next(), consuming.next()) {
+        (Some((n, c)), None) => Ok((n.as_str(), c)),
+        (None, _) => bail!("no connection has triggers, so none has a consumer group"),
+        (Some(_), Some(_)) => {
+            bail!("the config has several consuming connections; name one with --connection")
+        }
+    }
+}
+
 /// Committed offsets and lag of every partition of the connection's topics.
 pub fn offsets_show(config: &Config, name: Option<&str>) -> anyhow::Result<Vec<PartitionOffsets>> {
-    let (_, conn) = connection(config, name)?;
+    let (_, conn) = consuming_connection(config, name)?;
     let consumer = admin_consumer(conn)?;
     let parts = partitions_of(&consumer, &conn.topics())?;
     let mut tpl = TopicPartitionList::new();
@@ -173,7 +196,7 @@ pub fn offsets_reset(
     to: &ResetTo,
     topic: Option<&str>,
 ) -> anyhow::Result<Vec<(String, i32, i64)>> {
-    let (cname, conn) = connection(config, name)?;
+    let (cname, conn) = consuming_connection(config, name)?;
     let group = conn.group_id();
     let consumer = admin_consumer(conn)?;
     let groups = consumer

@@ -17,7 +17,7 @@ pub struct ConnectionConfig {
     /// librdkafka client properties under their Kafka names, as the product page shows them:
     /// `bootstrap.servers`, `security.protocol`, `sasl.mechanism`, `sasl.username`,
     /// `sasl.password`, `group.id`, `auto.offset.reset`, `ssl.ca.location`, ...
-    /// `bootstrap.servers` and `group.id` are required. The connector sets
+    /// `bootstrap.servers` is required, and `group.id` when the connection has triggers. The connector sets
     /// `enable.auto.offset.store=false` and `isolation.level=read_committed` itself.
     #[serde(
         serialize_with = "super::secret::serialize_properties",
@@ -30,7 +30,9 @@ pub struct ConnectionConfig {
     /// The connection's idempotent producer (produce API, dead-letter writes).
     #[serde(default)]
     pub producer: super::produce::ProducerConfig,
-    /// Triggers by name. A trigger maps topics to the workflow each message starts.
+    /// Triggers by name. A trigger maps topics to the workflow each message starts. A
+    /// connection without triggers runs no consumer (and needs no `group.id`): it only
+    /// serves the produce API, so a `[produce]` token must grant it.
     #[serde(default)]
     pub triggers: BTreeMap<String, TriggerConfig>,
     /// How long a revoke or shutdown waits for runs in flight before giving up on them
@@ -208,8 +210,14 @@ impl ConnectionConfig {
                 "connection names use letters, digits, '-' and '_'",
             ));
         }
-        for required in ["bootstrap.servers", "group.id"] {
-            match self.kafka.get(required) {
+        // A connection without triggers runs no consumer and needs no group.
+        let required: &[&str] = if self.consumes() {
+            &["bootstrap.servers", "group.id"]
+        } else {
+            &["bootstrap.servers"]
+        };
+        for required in required {
+            match self.kafka.get(*required) {
                 Some(v) if !v.trim().is_empty() => {}
                 _ => {
                     return Err(ConfigError::invalid(
@@ -228,12 +236,6 @@ impl ConnectionConfig {
                     ));
                 }
             }
-        }
-        if self.triggers.is_empty() {
-            return Err(ConfigError::invalid(
-                key("triggers"),
-                "at least one trigger is required",
-            ));
         }
         let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
         for (tname, trigger) in &self.triggers {
@@ -269,6 +271,11 @@ impl ConnectionConfig {
             .values()
             .flat_map(|t| t.topics.iter().map(String::as_str))
             .collect()
+    }
+
+    /// Whether the connection consumes (has triggers); one without triggers only produces.
+    pub fn consumes(&self) -> bool {
+        !self.triggers.is_empty()
     }
 
     /// The consumer group id.

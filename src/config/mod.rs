@@ -174,6 +174,14 @@ impl Config {
         }
         let names: Vec<&str> = self.connections.keys().map(String::as_str).collect();
         self.produce.validate(&names)?;
+        for (name, conn) in &self.connections {
+            if !conn.consumes() && !self.produce.grants_connection(name) {
+                return Err(ConfigError::invalid(
+                    format!("connections.{name}.triggers"),
+                    "a connection needs a trigger, or a [produce] token that grants it (a connection without triggers only serves the produce API)",
+                ));
+            }
+        }
         if let Some(o) = &self.otlp {
             o.validate()?;
         }

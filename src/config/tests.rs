@@ -393,3 +393,27 @@ fn producer_properties_take_secret_sources_and_are_redacted() {
         assert!(out.contains("linger.ms"), "{out}");
     }
 }
+
+#[test]
+fn a_connection_without_triggers_only_produces_and_needs_a_grant() {
+    let produce_only = r#"
+[connections.cdc.kafka]
+"bootstrap.servers" = "127.0.0.1:9092"
+"#;
+    let err = load(produce_only).unwrap_err().to_string();
+    assert!(err.contains("connections.cdc.triggers"), "{err}");
+    assert!(err.contains("[produce] token"), "{err}");
+    let granted = format!(
+        "{produce_only}\n[produce.tokens.wf]\ntoken = \"0123456789abcdef\"\nconnections = [\"cdc\"]\ntopics = [\"changes\"]"
+    );
+    let c = load(&granted).unwrap();
+    assert!(!c.connections["cdc"].consumes());
+    assert_eq!(
+        c.produced_topics("cdc").into_iter().collect::<Vec<_>>(),
+        vec!["changes".to_owned()]
+    );
+    // A consuming connection still needs its group.
+    let text = MINIMAL.replace("\"group.id\" = \"tessel-orders\"\n", "");
+    let err = load(&text).unwrap_err().to_string();
+    assert!(err.contains("group.id"), "{err}");
+}

@@ -12,10 +12,12 @@
 //! One OS thread per connection polls librdkafka ([`poll_loop`]); callbacks only hand events
 //! to the async [`supervisor`], which schedules messages per key ([`scheduler`]), tracks
 //! offsets ([`offsets`]) and spawns a task per started message ([`worker`]).
+//! A connection without triggers runs none of this, only [`produce_only`]'s health probe.
 
 pub mod context;
 pub mod offsets;
 mod poll_loop;
+pub mod produce_only;
 pub mod producer;
 pub mod scheduler;
 pub mod security;

@@ -10,7 +10,7 @@ use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::Timestamp;
 
-use super::security::{MskIamSigner, SecurityContext};
+use super::security::{ConnectFailure, MskIamSigner, SecurityContext};
 use crate::config::ConnectionConfig;
 
 /// The producer client: its context forwards librdkafka's log and serves MSK IAM tokens.
@@ -94,6 +94,8 @@ struct Shared {
     /// How a replacement is built.
     config: ClientConfig,
     signer: Option<std::sync::Arc<MskIamSigner>>,
+    /// The last connection failure of the current client (and of the ones it replaced).
+    failures: std::sync::Arc<std::sync::Mutex<Option<ConnectFailure>>>,
     /// The fatal error that caused the last replacement, until a write succeeds.
     last_fatal: std::sync::Mutex<Option<(RDKafkaErrorCode, String)>>,
     /// When the client was last replaced.
@@ -118,12 +120,15 @@ impl IdempotentProducer {
             .map_err(|e| KafkaError::ClientCreation(e.to_string()))?
             .map(std::sync::Arc::new);
         let config = producer_config(name, conn);
-        let client = config.create_with_context(SecurityContext::new(name, signer.clone()))?;
+        let context = SecurityContext::new(name, signer.clone());
+        let failures = context.failure_slot();
+        let client = config.create_with_context(context)?;
         Ok(Self {
             shared: std::sync::Arc::new(Shared {
                 current: std::sync::RwLock::new(client),
                 config,
                 signer,
+                failures,
                 last_fatal: std::sync::Mutex::new(None),
                 last_rebuild: std::sync::Mutex::new(None),
             }),
@@ -176,7 +181,8 @@ impl IdempotentProducer {
             }
             *last = Some(std::time::Instant::now());
         }
-        let context = SecurityContext::new(&self.connection, self.shared.signer.clone());
+        let context = SecurityContext::new(&self.connection, self.shared.signer.clone())
+            .with_failure_slot(std::sync::Arc::clone(&self.shared.failures));
         match self.shared.config.create_with_context(context) {
             Ok(new) => {
                 let old = std::mem::replace(
@@ -194,6 +200,34 @@ impl IdempotentProducer {
                 tracing::error!(connection = %self.connection, error = %e, "cannot replace the fatally failed producer")
             }
         }
+    }
+
+    /// Asks the cluster for `topic`'s metadata (every topic's when None), off the async
+    /// threads: whether a broker answers within `timeout`.
+    pub async fn probe(&self, topic: Option<String>, timeout: Duration) -> Result<(), KafkaError> {
+        let client = self.client();
+        let fetch = tokio::task::spawn_blocking(move || {
+            client
+                .client()
+                .fetch_metadata(topic.as_deref(), timeout)
+                .map(|_| ())
+        });
+        match fetch.await {
+            Ok(result) => result,
+            Err(e) => {
+                tracing::error!(connection = %self.connection, error = %e, "the metadata probe thread failed");
+                Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Fail))
+            }
+        }
+    }
+
+    /// The last authentication, TLS or connection failure librdkafka reported.
+    pub fn connect_failure(&self) -> Option<ConnectFailure> {
+        self.shared
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The connection name.

@@ -331,7 +331,8 @@ fn one_line(s: &str) -> String {
 pub struct SecurityContext {
     connection: String,
     signer: Option<Arc<MskIamSigner>>,
-    last_failure: Mutex<Option<ConnectFailure>>,
+    /// Shared, so that the owner of a client built with this context can still read it.
+    last_failure: Arc<Mutex<Option<ConnectFailure>>>,
     /// The idempotent producer's state from the last statistics (`Assigned` once it has a
     /// producer id); shared so a probe can read it once the context belongs to a producer.
     idempotence: Arc<Mutex<Option<String>>>,
@@ -346,7 +347,7 @@ impl SecurityContext {
         Self {
             connection: connection.to_owned(),
             signer,
-            last_failure: Mutex::new(None),
+            last_failure: Arc::new(Mutex::new(None)),
             idempotence: Arc::new(Mutex::new(None)),
             group_refused: std::sync::atomic::AtomicBool::new(false),
         }
@@ -364,6 +365,18 @@ impl SecurityContext {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Where the last connection failure is recorded; readable after the context was handed
+    /// to a client.
+    pub fn failure_slot(&self) -> Arc<Mutex<Option<ConnectFailure>>> {
+        Arc::clone(&self.last_failure)
+    }
+
+    /// This context, recording connection failures in `slot` (of an earlier context).
+    pub fn with_failure_slot(mut self, slot: Arc<Mutex<Option<ConnectFailure>>>) -> Self {
+        self.last_failure = slot;
+        self
     }
 
     /// Where the idempotent producer's state appears once statistics arrive (`Assigned`

@@ -6,7 +6,8 @@
 //! - Keys of one partition run in parallel at close to the ideal rate.
 //! - SIGKILL re-offers only runs that no commit covered at the kill, each accepted in the
 //!   last moments before it: commits follow acceptance within about 10 ms plus a round trip.
-//! - /readyz follows the broker going away and coming back (it stops the broker).
+//! - /readyz follows the broker going away and coming back (it stops the broker), for a
+//!   consuming connection and one that only produces.
 //! - A registry outage (the registry process stopped for 30 s) dead-letters nothing; it also
 //!   stalls every other test that needs the registry, another reason to run alone.
 //! - Produce: no duplicates while the broker is paused past the request timeout (it stops
@@ -310,7 +311,21 @@ async fn readiness_follows_the_broker_going_away_and_coming_back() {
     let d = dispatcher(Faults::default()).await;
     let port = crate::support::free_port();
     let toml = connection_toml(&unique("readyz-group"), &topic, &d.url(), "");
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}"));
+    // A second connection without triggers: readiness from its producer's metadata probe.
+    let produce_only = format!(
+        r#"
+[produce.tokens.po]
+token = "readyz-produce-token-0123"
+connections = ["po"]
+topics = ["{topic}"]
+[connections.po.kafka]
+"bootstrap.servers" = "{}"
+"#,
+        stack().bootstrap
+    );
+    let config = temp_config(&format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}\n{produce_only}"
+    ));
     let mut daemon = spawn_daemon(&config, Stdio::null());
     let readyz = move || async move {
         let resp = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
@@ -319,25 +334,31 @@ async fn readiness_follows_the_broker_going_away_and_coming_back() {
         let status = resp.status().as_u16();
         Some((status, resp.json::<serde_json::Value>().await.ok()?))
     };
-    let _ = wait_for_async("ready", Duration::from_secs(60), || async {
+    let (_, body) = wait_for_async("ready", Duration::from_secs(60), || async {
         readyz().await.filter(|r| r.0 == 200)
     })
     .await;
+    assert_eq!(body["connections"]["po"]["brokers_up"], true, "{body}");
     let restart = RestartBroker;
     stack_script(&["stop-broker"]);
     let (_, body) = wait_for_async(
         "not ready without a broker",
         Duration::from_secs(60),
-        || async { readyz().await.filter(|r| r.0 == 503) },
+        || async {
+            readyz()
+                .await
+                .filter(|r| r.0 == 503 && r.1["connections"]["po"]["brokers_up"] == false)
+        },
     )
     .await;
     assert_eq!(body["connections"]["it"]["brokers_up"], false, "{body}");
     stack_script(&["start-broker"]);
     drop(restart);
-    let _ = wait_for_async("ready again", Duration::from_secs(90), || async {
+    let (_, body) = wait_for_async("ready again", Duration::from_secs(90), || async {
         readyz().await.filter(|r| r.0 == 200)
     })
     .await;
+    assert_eq!(body["connections"]["po"]["brokers_up"], true, "{body}");
     daemon.kill().unwrap();
     let _ = daemon.wait();
 }

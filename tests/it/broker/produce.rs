@@ -596,3 +596,78 @@ async fn the_produce_command_writes_and_prints_offsets() {
     assert!(stderr.contains("$.id"), "{stderr}");
     assert_eq!(high_watermarks(&topic, 1), vec![3]);
 }
+
+/// A connection without triggers runs no consumer and needs no group: it serves the produce
+/// API, `/readyz` reports its brokers, and `check` probes authentication and WRITE only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_triggers_only_produces() {
+    let topic = unique("produce-only");
+    create_topic(&topic, 2).await;
+    let port = free_port();
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+[produce.tokens.workflows]
+token = "{TOKEN}"
+connections = ["it"]
+topics = ["{topic}"]
+[connections.it]
+produce_topics = ["{topic}"]
+[connections.it.kafka]
+"bootstrap.servers" = "{bootstrap}"
+"#,
+        bootstrap = stack().bootstrap
+    );
+    let daemon = ProducingDaemon::start(&toml, port).await;
+    let readyz = format!("{}/readyz", daemon.base);
+    let ready = wait_for_async("/readyz 200", Duration::from_secs(60), || {
+        let readyz = readyz.clone();
+        async move {
+            let resp = reqwest::get(&readyz).await.ok()?;
+            if resp.status() != 200 {
+                return None;
+            }
+            resp.json::<Value>().await.ok()
+        }
+    })
+    .await;
+    assert_eq!(ready["connections"]["it"]["brokers_up"], true, "{ready}");
+    assert_eq!(
+        ready["connections"]["it"]["assigned_partitions"], 0,
+        "{ready}"
+    );
+    let (status, body) = daemon
+        .produce(json!({"topic": topic, "key": "k-1", "value": {"a": 1}}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    daemon.stop().await;
+    assert_eq!(high_watermarks(&topic, 2).iter().sum::<i64>(), 1);
+
+    let config = temp_config(&toml);
+    let (ok, out) = super::security::check(&config, true).await;
+    assert!(ok, "check:\n{out}");
+    let lines: Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("check --json: {e}\n{out}"));
+    let names: Vec<&str> = lines
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["check"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&format!("WRITE on topic {topic}").as_str()),
+        "{names:?}"
+    );
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.contains("group") || n.starts_with("READ")),
+        "a connection without triggers has no consumer checks: {names:?}"
+    );
+    assert_eq!(
+        high_watermarks(&topic, 2).iter().sum::<i64>(),
+        1,
+        "check wrote nothing"
+    );
+}

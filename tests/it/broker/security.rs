@@ -91,7 +91,7 @@ pub fn consumer_acls(topic: &str, group: &str) -> Vec<String> {
 }
 
 /// Runs `tessel-kafka check` (table, or JSON); returns success and stdout + stderr.
-async fn check(config: &Path, json: bool) -> (bool, String) {
+pub(super) async fn check(config: &Path, json: bool) -> (bool, String) {
     let mut cmd = tokio::process::Command::new(crate::support::binary());
     let _ = cmd
         .args(["check", "--config"])
