@@ -6,6 +6,7 @@
 //! accepted, so the callback sends a `Revoked` event and waits for the supervisor's ack (or a
 //! deadline). It never decodes, dispatches or takes a lock itself.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex};
@@ -43,6 +44,9 @@ pub struct ConnectorContext {
     connect_failure: Mutex<Option<ConnectFailure>>,
     /// Set when the broker refused an operation for lack of a permission.
     authorization_refused: AtomicBool,
+    /// End offsets (last stable offsets) of paused partitions, queried by the supervisor: a
+    /// paused partition is not fetched, so the statistics' end offset stops moving.
+    paused_ends: Mutex<HashMap<(String, i32), i64>>,
 }
 
 impl ConnectorContext {
@@ -62,7 +66,13 @@ impl ConnectorContext {
             signer,
             connect_failure: Mutex::new(None),
             authorization_refused: AtomicBool::new(false),
+            paused_ends: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Replaces the end offsets of the paused partitions (see [`Self::lag`]).
+    pub(crate) fn set_paused_ends(&self, ends: HashMap<(String, i32), i64>) {
+        *self.paused_ends.lock().unwrap_or_else(|p| p.into_inner()) = ends;
     }
 
     /// The last authentication or TLS failure, while no broker is up.
@@ -114,6 +124,14 @@ impl ConnectorContext {
     }
 }
 
+/// A partition's lag: its end (the statistics' last stable offset, or the one queried for a
+/// paused partition when that is further) minus its committed offset; None while either is
+/// unknown.
+fn lag(ls_offset: i64, queried_end: Option<i64>, committed: i64) -> Option<i64> {
+    let end = ls_offset.max(queried_end.unwrap_or(-1));
+    (end >= 0 && committed >= 0).then(|| (end - committed).max(0))
+}
+
 pub(crate) fn partitions_of(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
     tpl.elements()
         .iter()
@@ -160,13 +178,25 @@ impl ClientContext for ConnectorContext {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()) = None;
         }
+        let paused_ends = self
+            .paused_ends
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         for (topic, t) in &stats.topics {
             for (partition, p) in &t.partitions {
-                if *partition < 0 || p.committed_offset < 0 || p.ls_offset < 0 {
+                let queried = paused_ends.get(&(topic.clone(), *partition)).copied();
+                if *partition < 0 {
                     continue;
                 }
-                let lag = (p.ls_offset - p.committed_offset).max(0);
-                crate::telemetry::metrics::consumer_lag(&self.connection, topic, *partition, lag);
+                if let Some(lag) = lag(p.ls_offset, queried, p.committed_offset) {
+                    crate::telemetry::metrics::consumer_lag(
+                        &self.connection,
+                        topic,
+                        *partition,
+                        lag,
+                    );
+                }
             }
         }
     }
@@ -282,5 +312,23 @@ pub(crate) fn log_to_tracing(c: &str, level: RDKafkaLogLevel, fac: &str, log_mes
         RDKafkaLogLevel::Debug => {
             tracing::debug!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lag;
+
+    #[test]
+    fn lag_uses_the_further_end_and_waits_for_both_offsets() {
+        assert_eq!(lag(100, None, 40), Some(60));
+        // Paused: the statistics' end is stale, the queried one is further.
+        assert_eq!(lag(50, Some(500), 0), Some(500));
+        // Resumed: fetches moved past what was queried.
+        assert_eq!(lag(700, Some(500), 600), Some(100));
+        assert_eq!(lag(-1, None, 10), None);
+        assert_eq!(lag(-1, Some(20), 10), Some(10));
+        assert_eq!(lag(100, None, -1001), None);
+        assert_eq!(lag(100, None, 120), Some(0));
     }
 }

@@ -132,6 +132,12 @@ pub struct ConnectionSupervisor {
     registry_reachable: Arc<std::sync::atomic::AtomicBool>,
     /// When the registry was last probed.
     last_registry_probe: Option<Instant>,
+    /// When the end offsets of paused partitions were last queried.
+    last_paused_end_probe: Option<Instant>,
+    /// A query of paused partitions' end offsets is running.
+    paused_end_probe_running: Arc<AtomicBool>,
+    /// The last query found paused partitions (so the next one clears them).
+    paused_ends_reported: bool,
     tasks: TaskTracker,
     buffered_bytes: usize,
     pending_revoke: Option<PendingRevoke>,
@@ -151,6 +157,9 @@ const EVENT_CHANNEL: usize = 1024;
 
 /// How often stalls are looked for (and readiness refreshed).
 const STALL_CHECK: Duration = Duration::from_secs(1);
+
+/// How often the end offsets of paused partitions are queried for the lag metric.
+const PAUSED_END_PROBE: Duration = Duration::from_secs(5);
 
 /// How often the schema registry is probed for readiness.
 const REGISTRY_PROBE: Duration = Duration::from_secs(5);
@@ -284,6 +293,9 @@ impl ConnectionSupervisor {
             registry_reachable: Arc::new(std::sync::atomic::AtomicBool::new(registry.is_none())),
             registry,
             last_registry_probe: None,
+            last_paused_end_probe: None,
+            paused_end_probe_running: Arc::new(AtomicBool::new(false)),
+            paused_ends_reported: false,
             tasks: TaskTracker::new(),
             buffered_bytes: 0,
             pending_revoke: None,
@@ -321,7 +333,10 @@ impl ConnectionSupervisor {
                 _ = shutdown.cancelled() => break,
                 Some(e) = self.completions.recv() => self.on_worker_event(e),
                 _ = sleep_until_opt(revoke_deadline) => {}
-                _ = stall_check.tick() => self.check_stalls(),
+                _ = stall_check.tick() => {
+                    self.check_stalls();
+                    self.probe_paused_ends();
+                }
                 _ = tokio::time::sleep_until(self.last_commit + COMMIT_INTERVAL), if !self.unsent.is_empty() => {}
                 event = self.events.recv(), if self.pending_revoke.is_none() => match event {
                     Some(e) => self.on_event(e),
@@ -759,6 +774,50 @@ impl ConnectionSupervisor {
                 *current = missing;
             }
         });
+    }
+
+    /// Queries the end offsets of paused partitions (off the async threads, one probe at a
+    /// time), so their lag keeps following the log while they are not fetched.
+    fn probe_paused_ends(&mut self) {
+        if self
+            .last_paused_end_probe
+            .is_some_and(|t| t.elapsed() < PAUSED_END_PROBE)
+            || self.paused_end_probe_running.load(AtomicOrdering::SeqCst)
+        {
+            return;
+        }
+        self.last_paused_end_probe = Some(Instant::now());
+        let paused: Vec<TopicPartition> = self
+            .partitions
+            .iter()
+            .filter(|(_, p)| p.paused)
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        if paused.is_empty() && !self.paused_ends_reported {
+            return;
+        }
+        self.paused_ends_reported = !paused.is_empty();
+        self.paused_end_probe_running
+            .store(true, AtomicOrdering::SeqCst);
+        let running = Arc::clone(&self.paused_end_probe_running);
+        let consumer = Arc::clone(&self.consumer);
+        drop(tokio::task::spawn_blocking(move || {
+            // One deadline for the whole probe, so an unreachable cluster holds this
+            // thread (and the consumer) only briefly.
+            let deadline = Instant::now() + PAUSED_END_PROBE;
+            let mut ends = std::collections::HashMap::new();
+            for tp in paused {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                if let Ok((_, high)) = consumer.fetch_watermarks(&tp.topic, tp.partition, left) {
+                    let _ = ends.insert((tp.topic, tp.partition), high);
+                }
+            }
+            consumer.context().set_paused_ends(ends);
+            running.store(false, AtomicOrdering::SeqCst);
+        }));
     }
 
     fn report_partitions(&self) {

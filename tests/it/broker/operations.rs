@@ -316,3 +316,57 @@ async fn traces_continue_the_message_traceparent_over_otlp() {
         );
     }
 }
+
+/// The lag of a paused partition keeps following the log end: a paused partition is not
+/// fetched, so its end offset has to come from somewhere else than fetch responses.
+#[tokio::test]
+async fn lag_keeps_rising_while_a_partition_is_paused() {
+    let topic = unique("paused-lag");
+    create_topic(&topic, 1).await;
+    let d = dispatcher(Faults {
+        fail_all: Some(503),
+        ..Faults::default()
+    })
+    .await;
+    let port = crate::support::free_port();
+    let toml = connection_toml(
+        &unique("paused-lag-group"),
+        &topic,
+        &d.url(),
+        "concurrency = 1",
+    )
+    .replace(
+        "drain_timeout_ms = 10000\n",
+        "drain_timeout_ms = 10000\nmax_buffered_per_partition = 5\n",
+    )
+    .replace(
+        "\"auto.offset.reset\" = \"earliest\"\n",
+        "\"auto.offset.reset\" = \"earliest\"\n\"statistics.interval.ms\" = \"500\"\n",
+    );
+    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}"));
+    let mut daemon = spawn_daemon(&config, Stdio::null());
+    produce_keyed(&topic, 0, 50, 5).await;
+    let _ = wait_for_async("the partition paused", Duration::from_secs(60), || async {
+        let text = scrape(port).await?;
+        (metric_sum(&text, "tessel_kafka_paused_partitions", &[]) >= 1.0).then_some(())
+    })
+    .await;
+    produce_keyed(&topic, 50, 500, 5).await;
+    let lag = wait_for_async(
+        "lag to reach the new end",
+        Duration::from_secs(30),
+        || async {
+            let text = scrape(port).await?;
+            let l = metric_sum(
+                &text,
+                "tessel_kafka_consumer_lag_messages",
+                &[&format!("topic=\"{topic}\"")],
+            );
+            (l >= 500.0).then_some(l)
+        },
+    )
+    .await;
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+    eprintln!("lag of the paused partition: {lag}");
+}
