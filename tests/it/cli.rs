@@ -125,6 +125,8 @@ fn example_configs_pass_config_check_without_printing_secrets() {
             r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="avnadmin" password="dummy-aiven-password";"#,
         ),
         ("REDPANDA_PASSWORD", "dummy-redpanda-password"),
+        ("TESSEL_PRODUCE_TOKEN", "dummy-produce-token-0123"),
+        ("ANALYTICS_KAFKA_PASSWORD", "dummy-analytics-password"),
     ];
     let dir = crate::support::repo().join("config/examples");
     let mut checked = 0;
@@ -163,5 +165,5 @@ fn example_configs_pass_config_check_without_printing_secrets() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 7, "an example is missing");
+    assert_eq!(checked, 8, "an example is missing");
 }
