@@ -11,7 +11,7 @@ use tessel_kafka::dev_dispatcher::Faults;
 use super::{
     committed, connection_toml, create_topic, dispatcher, high_watermarks, produce_keyed, Connector,
 };
-use crate::support::{binary, temp_config, unique, wait_for};
+use crate::support::{binary, stack, temp_config, unique, wait_for};
 
 async fn cli(args: &[&str], config: &std::path::Path) -> Output {
     let mut cmd = Command::new(binary());
@@ -119,4 +119,47 @@ async fn wait_for_cli_success(args: &[&str], config: &std::path::Path) -> Output
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// With the KIP-848 protocol the group's members are not visible to the classic group
+/// description; a reset must still be refused while a daemon consumes, and work once it
+/// stopped.
+#[tokio::test]
+async fn offsets_reset_is_refused_while_a_kip_848_group_consumes() {
+    if !stack().kafka_version.starts_with("4.") {
+        eprintln!(
+            "KIP-848 needs Kafka 4.x; this run is against {}",
+            stack().kafka_version
+        );
+        return;
+    }
+    let topic = unique("tools-848");
+    create_topic(&topic, 2).await;
+    produce_keyed(&topic, 0, 10, 5).await;
+    let group = unique("tools-848-group");
+    let d = dispatcher(Faults::default()).await;
+    let toml = connection_toml(&group, &topic, &d.url(), "").replace(
+        "\"auto.offset.reset\" = \"earliest\"\n",
+        "\"auto.offset.reset\" = \"earliest\"\n\"group.protocol\" = \"consumer\"\n",
+    );
+    let config = temp_config(&toml);
+    let connector = Connector::start(&toml);
+    wait_for("10 runs committed", Duration::from_secs(60), || {
+        (d.accepted() == 10 && committed(&group, &topic, 2).iter().sum::<i64>() == 10).then_some(())
+    })
+    .await;
+    let before = committed(&group, &topic, 2);
+    let refused = cli(&["offsets", "reset", "--to", "earliest"], &config).await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "reset must be refused while the connector runs: {}{stderr}",
+        String::from_utf8_lossy(&refused.stdout)
+    );
+    eprintln!("refused: {stderr}");
+    assert_eq!(committed(&group, &topic, 2), before, "nothing was reset");
+
+    connector.stop().await;
+    let _ = wait_for_cli_success(&["offsets", "reset", "--to", "earliest"], &config).await;
+    assert_eq!(committed(&group, &topic, 2), vec![0, 0]);
 }
