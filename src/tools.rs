@@ -242,9 +242,18 @@ pub fn offsets_reset(
         tpl.add_partition_offset(t, *p, Offset::Offset(offset))?;
         result.push((t.clone(), *p, offset));
     }
-    consumer.commit(&tpl, CommitMode::Sync).with_context(|| {
-        format!("the broker refused the new offsets of group {group} (is a consumer active?)")
-    })?;
+    if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+        // A group on the KIP-848 protocol does not show its members to the classic group
+        // description above; the broker refuses a commit from outside while it has any.
+        if e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::UnknownMemberId) {
+            bail!(
+                "consumer group {group} of connection {cname} has active member(s) (the broker refused a commit from outside the group: {e}); stop every tessel-kafka of this connection first"
+            );
+        }
+        return Err(anyhow::Error::new(e).context(format!(
+            "the broker refused the new offsets of group {group} (is a consumer active?)"
+        )));
+    }
     Ok(result)
 }
 
