@@ -70,7 +70,7 @@ impl ConnectorContext {
         }
     }
 
-    /// Replaces the end offsets of the paused partitions (see [`Self::lag`]).
+    /// Replaces the end offsets of the paused partitions (see [`lag`]).
     pub(crate) fn set_paused_ends(&self, ends: HashMap<(String, i32), i64>) {
         *self.paused_ends.lock().unwrap_or_else(|p| p.into_inner()) = ends;
     }
@@ -178,17 +178,18 @@ impl ClientContext for ConnectorContext {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()) = None;
         }
-        let paused_ends = self
-            .paused_ends
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let paused_ends = self.paused_ends.lock().unwrap_or_else(|p| p.into_inner());
         for (topic, t) in &stats.topics {
             for (partition, p) in &t.partitions {
-                let queried = paused_ends.get(&(topic.clone(), *partition)).copied();
                 if *partition < 0 {
                     continue;
                 }
+                // Usually nothing is paused: no key is built then.
+                let queried = if paused_ends.is_empty() {
+                    None
+                } else {
+                    paused_ends.get(&(topic.clone(), *partition)).copied()
+                };
                 if let Some(lag) = lag(p.ls_offset, queried, p.committed_offset) {
                     crate::telemetry::metrics::consumer_lag(
                         &self.connection,

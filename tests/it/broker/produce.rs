@@ -647,16 +647,9 @@ produce_topics = ["{topic}"]
     let config = temp_config(&toml);
     let (ok, out) = super::security::check(&config, true).await;
     assert!(ok, "check:\n{out}");
-    let lines: Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("check --json: {e}\n{out}"));
-    let names: Vec<&str> = lines
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["check"].as_str().unwrap())
-        .collect();
+    let names = super::security::check_names(&out);
     assert!(
-        names.contains(&format!("WRITE on topic {topic}").as_str()),
+        names.contains(&format!("WRITE on topic {topic}")),
         "{names:?}"
     );
     assert!(
