@@ -70,7 +70,7 @@ pub struct ConnectionConfig {
 pub struct RegistryConfig {
     /// Base URL, path included, e.g. `https://psrc-xxxx.region.aws.confluent.cloud` or
     /// `http://registry:8080/apis/ccompat/v7`.
-    pub url: url::Url,
+    pub url: super::secret::Endpoint,
     /// Basic-auth user (Confluent Cloud: the registry API key).
     #[serde(default)]
     pub username: Option<String>,

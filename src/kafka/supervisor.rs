@@ -2,6 +2,7 @@
 //! starts workers within each trigger's concurrency, stores offsets as runs are accepted, and
 //! drains on revoke and shutdown.
 
+use futures::FutureExt as _;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
@@ -247,10 +248,12 @@ impl ConnectionSupervisor {
                 backoff: Backoff::new(
                     Duration::from_millis(t.retry.initial_backoff_ms),
                     Duration::from_millis(t.retry.max_backoff_ms),
-                ),
+                )
+                .with_max_retry_after(Duration::from_millis(t.retry.max_retry_after_ms)),
                 decoder: decoder.clone(),
                 producer: producer.clone(),
                 throttle_until: std::sync::Mutex::new(None),
+                warned_traceparent: std::sync::atomic::AtomicBool::new(false),
                 stopped: std::sync::atomic::AtomicBool::new(false),
                 last_failure: std::sync::Mutex::new(None),
                 missing_permission: std::sync::Mutex::new(None),
@@ -617,9 +620,24 @@ impl ConnectionSupervisor {
             metrics::in_flight(&self.name, 1.0);
             let span = completion.span.clone();
             self.tasks.spawn(async move {
-                let outcome = worker::process(trigger, msg, Some(permit), drain, cancel, yielded)
-                    .instrument(span)
-                    .await;
+                let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
+                let (topic, partition, offset) = (msg.topic().to_owned(), msg.partition(), msg.offset());
+                // The worker contains panics of an attempt itself; this catches one in its own
+                // bookkeeping, so that the completion is always sent and the key never stays
+                // in flight. The record is then abandoned: not committed, offered again after
+                // the next rebalance or restart.
+                let outcome = std::panic::AssertUnwindSafe(
+                    worker::process(trigger, msg, Some(permit), drain, cancel, yielded)
+                        .instrument(span),
+                )
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    metrics::worker_panic(&connection, &name);
+                    tracing::error!(connection = %connection, trigger = %name, topic = %topic,
+                        partition, offset, "worker panicked outside an attempt; the record is left uncommitted");
+                    WorkOutcome::Abandoned
+                });
                 let _ = done.send(WorkerEvent::Finished(Completion {
                     outcome,
                     ..completion
@@ -697,7 +715,12 @@ impl ConnectionSupervisor {
                 if p.trigger.stopped.load(std::sync::atomic::Ordering::SeqCst) {
                     "trigger stopped by a configuration error".to_owned()
                 } else if let Some(failure) = p.trigger.recent_failure(after) {
-                    format!("key parked: a message is being retried ({failure})")
+                    match p.tracker.commit_offset() {
+                        Some(o) => format!(
+                            "key parked at offset {o}: a message is being retried ({failure})"
+                        ),
+                        None => format!("key parked: a message is being retried ({failure})"),
+                    }
                 } else if p.paused {
                     "paused: the partition's buffer is full".to_owned()
                 } else {

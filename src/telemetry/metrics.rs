@@ -45,11 +45,17 @@ pub const COMMITS: &str = "tessel_kafka_offset_commits_total";
 pub const REGISTRY_CACHE: &str = "tessel_kafka_registry_cache_lookups_total";
 /// Produce API and command requests, by HTTP status.
 pub const PRODUCE_REQUESTS: &str = "tessel_kafka_produce_requests_total";
+/// Worker tasks that panicked on a record, by connection and trigger.
+pub const WORKER_PANICS: &str = "tessel_kafka_worker_panics_total";
 
 /// Installs the Prometheus recorder and describes every metric.
 pub fn install() -> Option<PrometheusHandle> {
     let handle = PrometheusBuilder::new().install_recorder().ok()?;
     describe_counter!(MESSAGES_CONSUMED, "Messages received from Kafka.");
+    describe_counter!(
+        WORKER_PANICS,
+        "Worker tasks that panicked while handling a record (contained; the record is retried, then on_error applies)."
+    );
     describe_counter!(
         DISPATCH_ATTEMPTS,
         "Dispatch attempts to the run dispatcher, by outcome."
@@ -114,6 +120,12 @@ pub fn handled(connection: &str, trigger: &str, outcome: &'static str) {
 /// A decode failed.
 pub fn decode_error(connection: &str, trigger: &str, class: &'static str) {
     counter!(DECODE_ERRORS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned(), "class" => class).increment(1);
+}
+
+/// A worker panicked on a record.
+pub fn worker_panic(connection: &str, trigger: &str) {
+    counter!(WORKER_PANICS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned())
+        .increment(1);
 }
 
 /// Runs in flight changed.
@@ -203,6 +215,7 @@ mod tests {
         PRODUCER_SECONDS,
         BROKERS_UP,
         PRODUCE_REQUESTS,
+        WORKER_PANICS,
     ];
 
     #[test]
