@@ -8,6 +8,7 @@
 mod avro;
 pub mod avro_json;
 pub mod encode;
+pub mod fuzz;
 mod protobuf;
 pub mod registry;
 mod time;
@@ -218,7 +219,7 @@ impl Decoder {
     }
 
     /// Decodes the body of a framed payload written with `schema`.
-    fn decode_resolved(
+    pub(crate) fn decode_resolved(
         &self,
         schema: &registry::ResolvedSchema,
         body: &[u8],
