@@ -98,9 +98,21 @@ impl Committer {
         );
     }
 
-    /// `tp` was revoked or lost: its commits are no longer ours to send.
+    /// `tp` was revoked or lost: its commits are no longer ours to send. With nothing left
+    /// to send there is nothing to hold runs for.
     pub fn forget(&mut self, tp: &TopicPartition) {
         let _ = self.wanted.remove(tp);
+        if self.wanted.is_empty() {
+            self.refusing_since = None;
+            self.refusals = 0;
+        }
+    }
+
+    /// A rebalance completed (partitions were assigned): the group is stable, commits of
+    /// the new generation are accepted. Wanted commits still go out.
+    pub fn rebalanced(&mut self) {
+        self.refusing_since = None;
+        self.refusals = 0;
     }
 
     /// Whether the commit of `tp` is still wanted (not confirmed).
@@ -162,19 +174,18 @@ impl Committer {
                     }
                 }
                 Some(reason) => {
-                    let Some(w) = self.wanted.get_mut(&r.tp) else {
-                        continue;
-                    };
-                    if w.offset != r.offset || w.metadata != r.metadata {
-                        // A newer commit is wanted already; it will be sent anyway.
-                        continue;
-                    }
+                    // The broker refuses commits: hold new runs whatever this commit was.
                     self.refusals = self.refusals.saturating_add(1);
                     let _ = self.refusing_since.get_or_insert(now);
                     self.last_refusal = Some(reason.clone());
                     let backoff = RETRY_INITIAL
                         .saturating_mul(1 << self.refusals.min(8).saturating_sub(1))
                         .min(RETRY_MAX);
+                    let Some(w) = self.wanted.get_mut(&r.tp) else {
+                        continue;
+                    };
+                    // Whatever is wanted now (this commit, or a newer one) waits the backoff
+                    // and then goes out with the latest state.
                     w.sent_at = None;
                     w.not_before = Some(now + backoff);
                 }
@@ -296,6 +307,25 @@ mod tests {
         );
         assert!(!c.is_wanted(&tp(0)));
         assert!(!c.holding(third), "the group is stable again");
+    }
+
+    #[test]
+    fn a_refusal_holds_new_runs_even_when_a_newer_commit_is_wanted_already() {
+        let mut c = Committer::new(TICK, Duration::from_secs(30));
+        let t0 = Instant::now();
+        c.want(tp(0), 4, String::new());
+        let _ = c.take_due(t0);
+        c.want(tp(0), 5, String::new());
+        c.on_results(t0 + TICK, &[refused(0, 4)]);
+        assert!(c.holding(t0 + TICK));
+        assert!(
+            c.take_due(t0 + 2 * TICK).is_empty(),
+            "the newer one waits the backoff"
+        );
+        assert_eq!(
+            c.take_due(t0 + TICK + RETRY_INITIAL),
+            vec![(tp(0), 5, String::new())]
+        );
     }
 
     #[test]

@@ -396,6 +396,7 @@ impl ConnectionSupervisor {
             }
             ConsumerEvent::Assigned(assigned) => {
                 metrics::rebalance(&self.name, "assign");
+                self.committer.rebalanced();
                 // librdkafka can keep a partition's pause flag across revoke and re-assign;
                 // a new assignment starts unpaused, in librdkafka as in its state here.
                 let mut fresh = TopicPartitionList::new();

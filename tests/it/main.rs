@@ -4,6 +4,10 @@
 //! - `cli`: the binary's behaviour that needs no broker (config errors).
 //! - `oidc`: OAUTHBEARER OIDC token fetching against a local token endpoint (no broker).
 //! - `registry_auth`: Schema Registry basic and bearer auth, refusals, TLS file errors.
+//! - `hermetic`: the real daemon against librdkafka's mock cluster and the dev dispatcher:
+//!   commits after acceptance, refused commits sent again, pauses across revoke and
+//!   re-assignment, a lost assignment, shutdown with a revoke pending. Seconds, no broker.
+//! - `config_builder`: the one builder of test configurations.
 //! - `compose`: `docker-compose.yml` validated by Docker Compose's loader (compose-go, through
 //!   `scripts/compose-check.sh`; needs Go, not Docker) and consistent with its connector config.
 //! - `broker`: tests against the real Kafka broker and Schema Registry started by
@@ -12,6 +16,8 @@
 
 mod cli;
 mod compose;
+mod config_builder;
+mod hermetic;
 mod oidc;
 mod registry_auth;
 mod support;
