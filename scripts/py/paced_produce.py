@@ -20,7 +20,8 @@ committed records: a consumer's commit can reach the end even when an aborted tr
 came before.
 
 Prints {"committed": [i...], "aborted": [i...], "transactions": n, "aborted_transactions": m,
-"seconds": s} once done.
+"failed_commits": f, "seconds": s} once done; a transaction whose commit failed and had to be
+aborted counts as aborted (f of the m).
 """
 import json
 import random
@@ -28,7 +29,7 @@ import sys
 import threading
 import time
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 
 def main():
@@ -58,9 +59,36 @@ def main():
     producer.init_transactions(30)
 
     committed, aborted = [], []
-    state = {"i": 0, "txns": 0, "aborts": 0}
+    state = {"i": 0, "txns": 0, "aborts": 0, "failed_commits": 0}
 
-    def transaction(records, abort):
+    def abort(written):
+        # Flush first, so that the aborted records reach the log (a read_committed consumer
+        # must skip them) and the abort has nothing to purge: purged messages can leave a gap
+        # in the idempotent sequence that fails a later transaction (seen:
+        # OUT_OF_ORDER_SEQUENCE_NUMBER on the next commit).
+        producer.flush(30)
+        producer.abort_transaction(30)
+        state["aborts"] += 1
+        aborted.extend(written)
+
+    def commit(written):
+        while True:
+            try:
+                producer.commit_transaction(30)
+                committed.extend(written)
+                return
+            except KafkaException as e:
+                err = e.args[0]
+                if err.retriable():
+                    continue
+                if err.txn_requires_abort():
+                    # Not committed: count its records as aborted, which they are.
+                    state["failed_commits"] += 1
+                    abort(written)
+                    return
+                raise
+
+    def transaction(records, aborting):
         """records: [(key, partition or None)]"""
         producer.begin_transaction()
         written = []
@@ -79,13 +107,10 @@ def main():
             written.append(i)
         producer.poll(0)
         state["txns"] += 1
-        if abort:
-            producer.abort_transaction(30)
-            state["aborts"] += 1
-            aborted.extend(written)
+        if aborting:
+            abort(written)
         else:
-            producer.commit_transaction(30)
-            committed.extend(written)
+            commit(written)
 
     started = time.monotonic()
     interval = per_txn / rate
@@ -93,15 +118,15 @@ def main():
     while not stop.is_set() and time.monotonic() < deadline:
         n += 1
         transaction([(f"k{rng.randrange(keys)}", None) for _ in range(per_txn)],
-                    abort=abort_every > 0 and n % abort_every == 0)
+                    aborting=abort_every > 0 and n % abort_every == 0)
         # Pace by the schedule, not by the time a transaction took, so the rate holds.
         wait = started + n * interval - time.monotonic()
         if wait > 0:
             stop.wait(wait)
-    transaction([(f"tail-{p}", p) for p in range(int(spec["partitions"]))], abort=False)
+    transaction([(f"tail-{p}", p) for p in range(int(spec["partitions"]))], aborting=False)
     producer.flush(30)
     json.dump({"committed": committed, "aborted": aborted, "transactions": state["txns"],
-               "aborted_transactions": state["aborts"],
+               "aborted_transactions": state["aborts"], "failed_commits": state["failed_commits"],
                "seconds": round(time.monotonic() - started, 3)}, sys.stdout)
 
 

@@ -217,6 +217,8 @@ struct Produced {
     aborted: Vec<i64>,
     transactions: u64,
     aborted_transactions: u64,
+    /// Transactions whose commit failed and were aborted (counted in aborted_transactions).
+    failed_commits: u64,
     seconds: f64,
 }
 
@@ -272,6 +274,7 @@ impl PacedProducer {
             aborted: list("aborted"),
             transactions: v["transactions"].as_u64().unwrap_or(0),
             aborted_transactions: v["aborted_transactions"].as_u64().unwrap_or(0),
+            failed_commits: v["failed_commits"].as_u64().unwrap_or(0),
             seconds: v["seconds"].as_f64().unwrap_or(0.0),
         }
     }
@@ -503,8 +506,16 @@ async fn chaos(variant: Variant) {
         .collect();
     let out_of_order = out_of_key_order(&runs);
 
-    // Repeats (answered 409: offered again after acceptance) by the kill they followed.
+    // Repeats (answered 409: offered again after acceptance) by the kill they followed, with
+    // how long before that kill the oldest of them had been accepted. A repeat can also follow
+    // a later kill than the one that caused it: a killed member keeps its partitions until its
+    // session expires (10 s here; 45 s with KIP-848), longer than the time between kills.
+    let first_accepted: std::collections::HashMap<&str, Instant> = runs
+        .iter()
+        .map(|r| (r.idempotency_key.as_str(), r.accepted_at))
+        .collect();
     let mut per_kill = vec![0u64; kills.len()];
+    let mut oldest = vec![Duration::ZERO; kills.len()];
     let mut before_any_kill = 0u64;
     let keys: HashSet<String> = d.repeated_keys().into_iter().collect();
     for key in &keys {
@@ -513,7 +524,13 @@ async fn chaos(variant: Variant) {
                 continue;
             }
             match kills.iter().rposition(|k| k.at <= arrived) {
-                Some(k) => per_kill[k] += 1,
+                Some(k) => {
+                    per_kill[k] += 1;
+                    if let Some(accepted_at) = first_accepted.get(key.as_str()) {
+                        oldest[k] =
+                            oldest[k].max(kills[k].at.saturating_duration_since(*accepted_at));
+                    }
+                }
                 None => before_any_kill += 1,
             }
         }
@@ -526,11 +543,13 @@ async fn chaos(variant: Variant) {
 
     eprintln!(
         "[chaos {tag}] produced {} committed + {} aborted records in {} transactions ({} \
-         aborted) over {:.0} s; {} partitions ended at {} offsets in all",
+         aborted, {} of them after a failed commit) over {:.0} s; {} partitions ended at {} \
+         offsets in all",
         produced.committed.len(),
         produced.aborted.len(),
         produced.transactions,
         produced.aborted_transactions,
+        produced.failed_commits,
         produced.seconds,
         ends.len(),
         ends.iter().sum::<i64>()
@@ -538,7 +557,8 @@ async fn chaos(variant: Variant) {
     for (n, k) in kills.iter().enumerate() {
         eprintln!(
             "[chaos {tag}] kill {} (replica {}): in flight {}, accepted in the last 100 ms {}, \
-             bound {}, not covered by a commit {}, repeats after it {}, rebalanced {}",
+             bound {}, not covered by a commit {}, repeats after it {} (the oldest accepted \
+             {} ms before the kill), rebalanced {}",
             n + 1,
             k.replica,
             k.in_flight,
@@ -546,6 +566,7 @@ async fn chaos(variant: Variant) {
             k.in_flight + k.accepted_recently,
             k.not_covered,
             per_kill[n],
+            oldest[n].as_millis(),
             match k.rebalanced() {
                 Some(true) => "yes",
                 Some(false) => "no",
