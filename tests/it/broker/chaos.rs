@@ -7,7 +7,8 @@
 //! - no first delivery out of key order;
 //! - runs offered again after acceptance ≤ Σ over the kills of (runs in flight at the kill +
 //!   runs accepted in the last 100 ms before it): a crash may only repeat what no commit could
-//!   have covered yet.
+//!   have covered yet. Both are counted at the dispatcher, over all three replicas, so the
+//!   bound is generous to the killed one.
 //!
 //! Per kill it prints the runs in flight, those accepted in the last 100 ms, the accepted runs
 //! the group's commits (offset and `tk1` metadata, read once the killed replica's requests are
