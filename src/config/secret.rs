@@ -133,9 +133,13 @@ pub fn redact_text(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(sep) = rest.find("://") {
+        // The scheme starts after the last character that cannot be part of one (which may
+        // be several bytes long).
         let start = rest[..sep]
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "+-.".contains(c)))
-            .map_or(0, |i| i + 1);
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !(c.is_ascii_alphanumeric() || "+-.".contains(*c)))
+            .map_or(0, |(i, c)| i + c.len_utf8());
         let end = rest[sep + 3..]
             .find(is_end)
             .map_or(rest.len(), |i| sep + 3 + i);
@@ -328,6 +332,16 @@ mod redaction_tests {
         assert_eq!(redact_text("no url here"), "no url here");
         assert_eq!(redact_text("://@"), "://***@");
         assert_eq!(redact_text("x://"), "x://");
+    }
+
+    #[test]
+    fn text_with_multibyte_characters_before_a_scheme_is_redacted_without_panicking() {
+        // Found by the dispatcher_answer fuzz target: a scheme after a two-byte character.
+        let input = "\0\0M/\0\0\0//\0\0M/\0\0\0//0://0:\nzFư0://0:\nzFư";
+        let out = redact_text(input);
+        assert!(out.contains("zFư"), "{out:?}");
+        assert_eq!(redact_text("é://u:p@h/x"), "é://***@h/x");
+        assert_eq!(redact_text("ǅhttp://u:p@h/x"), "ǅhttp://***@h/x");
     }
 
     #[test]

@@ -3,18 +3,20 @@
 //! 1. A partition's commit offset comes from its [`OffsetTracker`](super::offsets): the first
 //!    offset not yet handled (accepted, skipped or dead-lettered), with the offsets handled
 //!    above it in the metadata. Nothing else produces commit offsets.
-//! 2. A new commit is *wanted* as soon as the tracker's changes; wanted commits are sent
-//!    asynchronously in one request at most every `interval` (10 ms), never one synchronous
-//!    commit per message.
-//! 3. A wanted commit stays wanted until the broker confirms that exact offset and metadata
-//!    (the commit callback). One the broker refused (a rebalance: `ILLEGAL_GENERATION`,
-//!    `REBALANCE_IN_PROGRESS`, `UNKNOWN_MEMBER_ID`, a coordinator move, …) is sent again after
-//!    a backoff, with the latest state, until it is confirmed or its partition is revoked; one
-//!    whose answer never came is sent again after [`RESEND_AFTER`].
-//! 4. While the broker refuses commits, the supervisor starts no new run ([`Committer::holding`]):
-//!    what is accepted then could not be committed, and a crash would offer it again. The hold
-//!    ends at the first confirmed commit, or after `max_hold` so that a broker refusing commits
-//!    for ever does not stop dispatching for ever.
+//! 2. A new commit is *wanted* as soon as the tracker's changes. Wanted commits go out in one
+//!    request at most every `interval` (10 ms), one request at a time, from the connection's
+//!    commit thread, off the runtime: never a commit per message. The thread waits for each
+//!    answer because librdkafka reports the result of an asynchronous manual commit to nobody
+//!    (only its log): without the answer a refused commit would be forgotten.
+//! 3. A wanted commit stays wanted until the broker confirms that exact offset and metadata.
+//!    One the broker refused (a rebalance: `ILLEGAL_GENERATION`, `REBALANCE_IN_PROGRESS`,
+//!    `UNKNOWN_MEMBER_ID`, a coordinator move, …) is sent again after a backoff, with the latest
+//!    state, until it is confirmed or its partition is revoked.
+//! 4. While the broker refuses commits, or a commit has been unanswered for
+//!    [`UNANSWERED_HOLD`], the supervisor starts no new run ([`Committer::holding`]): what is
+//!    accepted then could not be committed, and a crash would offer it again. The hold ends at
+//!    the first confirmed commit or a completed rebalance, or after `max_hold` so that a
+//!    broker refusing commits for ever does not stop dispatching for ever.
 //! 5. On revoke and shutdown the supervisor commits synchronously what the tracker holds then
 //!    (the latest state) and forgets the partition here.
 
@@ -27,6 +29,10 @@ use crate::event::TopicPartition;
 
 /// A wanted commit whose answer never came is sent again after this long.
 pub const RESEND_AFTER: Duration = Duration::from_secs(1);
+
+/// A commit request unanswered this long holds new runs like a refusal (the coordinator is
+/// gone or the group is between generations).
+pub const UNANSWERED_HOLD: Duration = Duration::from_millis(500);
 
 /// First wait before a refused commit is sent again; doubles up to [`RETRY_MAX`].
 const RETRY_INITIAL: Duration = Duration::from_millis(100);
@@ -68,6 +74,8 @@ pub struct Committer {
     refusals: u32,
     /// The last refusal's reason, for logs and readiness.
     last_refusal: Option<String>,
+    /// Since when the last request is out without an answer (one request at a time).
+    in_flight_since: Option<Instant>,
 }
 
 impl Committer {
@@ -81,6 +89,7 @@ impl Committer {
             refusing_since: None,
             refusals: 0,
             last_refusal: None,
+            in_flight_since: None,
         }
     }
 
@@ -131,14 +140,18 @@ impl Committer {
         Some(w.not_before.map_or(due, |nb| nb.max(due)))
     }
 
-    /// When something is next due to be sent, if anything is wanted.
+    /// When something is next due to be sent, if anything is wanted (and no request is out).
     pub fn next_due(&self) -> Option<Instant> {
+        if self.in_flight_since.is_some() {
+            return None;
+        }
         self.wanted.values().filter_map(|w| self.due_at(w)).min()
     }
 
-    /// The commits to send now (one request), marked as sent.
+    /// The commits to send now (one request), marked as sent; nothing while a request is out.
     pub fn take_due(&mut self, now: Instant) -> Vec<(TopicPartition, i64, String)> {
-        if self.last_send.is_some_and(|l| now < l + self.interval) {
+        if self.in_flight_since.is_some() || self.last_send.is_some_and(|l| now < l + self.interval)
+        {
             return Vec::new();
         }
         let mut out = Vec::new();
@@ -154,8 +167,15 @@ impl Committer {
         }
         if !out.is_empty() {
             self.last_send = Some(now);
+            self.in_flight_since = Some(now);
         }
         out
+    }
+
+    /// The answer to the request [`Committer::take_due`] returned last.
+    pub fn on_answer(&mut self, now: Instant, results: &[CommitResult]) {
+        self.in_flight_since = None;
+        self.on_results(now, results);
     }
 
     /// The broker's answers (from the commit callback, for our commits and librdkafka's).
@@ -196,8 +216,14 @@ impl Committer {
     /// Whether new runs should wait: the broker is refusing commits, since less than
     /// `max_hold`.
     pub fn holding(&self, now: Instant) -> bool {
-        self.refusing_since
-            .is_some_and(|since| now.saturating_duration_since(since) < self.max_hold)
+        let since = match (self.refusing_since, self.in_flight_since) {
+            (Some(r), _) => Some(r),
+            (None, Some(sent)) if now.saturating_duration_since(sent) >= UNANSWERED_HOLD => {
+                Some(sent)
+            }
+            _ => None,
+        };
+        since.is_some_and(|since| now.saturating_duration_since(since) < self.max_hold)
     }
 
     /// Since when commits have been refused, and the last reason.
@@ -253,8 +279,15 @@ mod tests {
             vec![(tp(0), 5, String::new()), (tp(1), 7, String::new())]
         );
         c.want(tp(0), 6, String::new());
-        assert!(c.take_due(t0 + Duration::from_millis(3)).is_empty());
+        assert!(c.take_due(t0 + TICK).is_empty(), "one request at a time");
+        assert_eq!(c.next_due(), None);
+        c.on_answer(t0 + Duration::from_millis(3), &[ok(0, 5), ok(1, 7)]);
+        assert!(!c.is_wanted(&tp(1)));
         assert_eq!(c.next_due(), Some(t0 + TICK));
+        assert!(
+            c.take_due(t0 + Duration::from_millis(5)).is_empty(),
+            "interval"
+        );
         assert_eq!(c.take_due(t0 + TICK), vec![(tp(0), 6, String::new())]);
     }
 
@@ -265,10 +298,10 @@ mod tests {
         c.want(tp(0), 5, String::new());
         let _ = c.take_due(t0);
         c.want(tp(0), 9, String::new());
-        c.on_results(t0, &[ok(0, 5)]);
+        c.on_answer(t0, &[ok(0, 5)]);
         assert!(c.is_wanted(&tp(0)), "9 is not confirmed yet");
         let _ = c.take_due(t0 + TICK);
-        c.on_results(t0 + TICK, &[ok(0, 9)]);
+        c.on_answer(t0 + TICK, &[ok(0, 9)]);
         assert!(!c.is_wanted(&tp(0)));
         assert_eq!(c.next_due(), None);
     }
@@ -281,7 +314,7 @@ mod tests {
         let _ = c.take_due(t0);
         assert!(!c.holding(t0));
         // Refused during a rebalance.
-        c.on_results(t0 + TICK, &[refused(0, 5)]);
+        c.on_answer(t0 + TICK, &[refused(0, 5)]);
         assert!(
             c.holding(t0 + TICK),
             "no new runs while commits are refused"
@@ -289,7 +322,7 @@ mod tests {
         assert!(c.take_due(t0 + 2 * TICK).is_empty(), "backoff first");
         let again = t0 + TICK + RETRY_INITIAL;
         assert_eq!(c.take_due(again), vec![(tp(0), 5, String::new())]);
-        c.on_results(again, &[refused(0, 5)]);
+        c.on_answer(again, &[refused(0, 5)]);
         assert!(
             c.take_due(again + RETRY_INITIAL).is_empty(),
             "backoff doubles"
@@ -298,7 +331,7 @@ mod tests {
         // More was accepted meanwhile: the latest state is what goes out.
         c.want(tp(0), 8, "tk1:8:2".into());
         assert_eq!(c.take_due(third), vec![(tp(0), 8, "tk1:8:2".into())]);
-        c.on_results(
+        c.on_answer(
             third,
             &[CommitResult {
                 metadata: "tk1:8:2".into(),
@@ -316,7 +349,7 @@ mod tests {
         c.want(tp(0), 4, String::new());
         let _ = c.take_due(t0);
         c.want(tp(0), 5, String::new());
-        c.on_results(t0 + TICK, &[refused(0, 4)]);
+        c.on_answer(t0 + TICK, &[refused(0, 4)]);
         assert!(c.holding(t0 + TICK));
         assert!(
             c.take_due(t0 + 2 * TICK).is_empty(),
@@ -329,18 +362,21 @@ mod tests {
     }
 
     #[test]
-    fn an_unanswered_commit_is_sent_again_and_a_hold_ends_after_its_limit() {
+    fn an_unanswered_request_holds_new_runs_and_a_hold_ends_after_its_limit() {
         let mut c = Committer::new(TICK, Duration::from_secs(2));
         let t0 = Instant::now();
         c.want(tp(3), 1, String::new());
-        let _ = c.take_due(t0);
-        assert!(c.take_due(t0 + Duration::from_millis(500)).is_empty());
-        assert_eq!(c.take_due(t0 + RESEND_AFTER).len(), 1, "no answer: again");
-        c.on_results(t0 + RESEND_AFTER, &[refused(3, 1)]);
+        assert_eq!(c.take_due(t0).len(), 1);
+        assert!(!c.holding(t0 + Duration::from_millis(100)));
+        assert!(c.holding(t0 + UNANSWERED_HOLD), "no answer for 500 ms");
+        c.on_answer(t0 + RESEND_AFTER, &[refused(3, 1)]);
         assert!(c.holding(t0 + RESEND_AFTER));
-        assert!(!c.holding(t0 + RESEND_AFTER + Duration::from_secs(2)));
+        assert!(
+            !c.holding(t0 + RESEND_AFTER + Duration::from_secs(2)),
+            "the limit"
+        );
         c.forget(&tp(3));
         assert_eq!(c.next_due(), None);
-        assert!(c.refusing().is_some());
+        assert!(!c.holding(t0 + RESEND_AFTER), "nothing left to commit");
     }
 }

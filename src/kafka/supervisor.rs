@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::committer::Committer;
+use super::committer::{CommitResult, Committer};
 use super::context::ConnectorContext;
 use super::offsets::{OffsetTracker, Received};
 use super::scheduler::PartitionQueue;
@@ -130,6 +130,12 @@ pub struct ConnectionSupervisor {
     committer: Committer,
     /// New runs wait because the broker refuses commits (a rebalance).
     holding: bool,
+    /// Requests to the commit thread (None before `run` and after shutdown began).
+    commit_requests: Option<std::sync::mpsc::Sender<CommitBatch>>,
+    /// The commit thread's answers.
+    commit_answers: mpsc::UnboundedReceiver<Vec<CommitResult>>,
+    commit_answers_tx: mpsc::UnboundedSender<Vec<CommitResult>>,
+    commit_thread: Option<std::thread::JoinHandle<()>>,
     /// Whether the global byte budget was exceeded at the last check.
     global_full: bool,
     /// Where readiness is reported.
@@ -288,6 +294,7 @@ impl ConnectionSupervisor {
                 source,
             })?;
         let (completions_tx, completions) = mpsc::unbounded_channel();
+        let (commit_answers_tx, commit_answers) = mpsc::unbounded_channel();
         Ok(Self {
             name: name.to_owned(),
             config: config.clone(),
@@ -303,6 +310,10 @@ impl ConnectionSupervisor {
             starved: HashMap::new(),
             committer: Committer::new(COMMIT_INTERVAL, COMMIT_HOLD_LIMIT),
             holding: false,
+            commit_requests: None,
+            commit_answers,
+            commit_answers_tx,
+            commit_thread: None,
             global_full: false,
             health,
             registry_reachable: Arc::new(std::sync::atomic::AtomicBool::new(registry.is_none())),
@@ -338,6 +349,14 @@ impl ConnectionSupervisor {
             Arc::clone(&stop),
         )
         .map_err(|e| SupervisorError::Thread(self.name.clone(), e))?;
+        let (requests, thread) = spawn_commit_thread(
+            &self.name,
+            Arc::clone(&self.consumer),
+            self.commit_answers_tx.clone(),
+        )
+        .map_err(|e| SupervisorError::Thread(self.name.clone(), e))?;
+        self.commit_requests = Some(requests);
+        self.commit_thread = Some(thread);
 
         let mut stall_check = tokio::time::interval(STALL_CHECK);
         stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -353,6 +372,9 @@ impl ConnectionSupervisor {
                     self.probe_paused_ends();
                 }
                 _ = sleep_until_opt(self.committer.next_due()) => {}
+                Some(answers) = self.commit_answers.recv() => {
+                    self.committer.on_answer(Instant::now(), &answers);
+                }
                 event = self.events.recv(), if self.pending_revoke.is_none() => match event {
                     Some(e) => self.on_event(e),
                     None => break,
@@ -705,16 +727,16 @@ impl ConnectionSupervisor {
     /// refused or unanswered ones again), asynchronously, in one request. librdkafka's
     /// auto-commit of stored offsets is the backstop.
     fn send_commits(&mut self) {
+        let Some(requests) = &self.commit_requests else {
+            return;
+        };
         let due = self.committer.take_due(Instant::now());
         if due.is_empty() {
             return;
         }
-        let mut tpl = TopicPartitionList::new();
-        for (tp, offset, metadata) in &due {
-            add_commit(&mut tpl, tp, *offset, metadata);
-        }
-        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
-            tracing::debug!(connection = %self.name, error = %e, "cannot send commit; it is sent again");
+        if requests.send(due).is_err() {
+            tracing::error!(connection = %self.name, "the commit thread is gone; commits rely on auto-commit until restart");
+            self.commit_requests = None;
         }
     }
 
@@ -1000,6 +1022,12 @@ impl ConnectionSupervisor {
     }
 
     async fn shut_down(mut self, stop: Arc<AtomicBool>, poll_thread: std::thread::JoinHandle<()>) {
+        // The commit thread finishes its request and ends, so the final synchronous commit
+        // below is the last one the broker sees.
+        drop(self.commit_requests.take());
+        if let Some(t) = self.commit_thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
         tracing::info!(connection = %self.name, "stopping: draining runs in flight");
         for p in self.partitions.values_mut() {
             p.drain.cancel();
@@ -1052,6 +1080,60 @@ impl ConnectionSupervisor {
         let _ = tokio::task::spawn_blocking(move || poll_thread.join()).await;
         tracing::info!(connection = %self.name, "consumer closed");
     }
+}
+
+/// What the commit thread is asked to commit: partitions with offsets and metadata.
+type CommitBatch = Vec<(TopicPartition, i64, String)>;
+
+/// Starts the connection's commit thread: it commits each batch synchronously (one request
+/// at a time, off the runtime) and answers with the broker's verdict per partition, which an
+/// asynchronous manual commit never reports (see [`super::committer`]). It ends when the
+/// request sender is dropped.
+fn spawn_commit_thread(
+    connection: &str,
+    consumer: Arc<Consumer_>,
+    answers: mpsc::UnboundedSender<Vec<CommitResult>>,
+) -> std::io::Result<(
+    std::sync::mpsc::Sender<CommitBatch>,
+    std::thread::JoinHandle<()>,
+)> {
+    let (tx, rx) = std::sync::mpsc::channel::<CommitBatch>();
+    let name = connection.to_owned();
+    let handle = std::thread::Builder::new()
+        .name(format!("kafka-commit-{connection}"))
+        .spawn(move || {
+            while let Ok(batch) = rx.recv() {
+                let mut tpl = TopicPartitionList::new();
+                for (tp, offset, metadata) in &batch {
+                    add_commit(&mut tpl, tp, *offset, metadata);
+                }
+                let refused = match consumer.commit(&tpl, CommitMode::Sync) {
+                    Ok(())
+                    | Err(rdkafka::error::KafkaError::ConsumerCommit(
+                        rdkafka::types::RDKafkaErrorCode::NoOffset,
+                    )) => None,
+                    Err(e) => Some(e.to_string()),
+                };
+                metrics::commit(&name, refused.is_none());
+                if let Some(reason) = &refused {
+                    tracing::debug!(connection = %name, error = %reason, "offset commit refused");
+                }
+                let results = batch
+                    .into_iter()
+                    .map(|(tp, offset, metadata)| CommitResult {
+                        tp,
+                        offset,
+                        metadata,
+                        refused: refused.clone(),
+                    })
+                    .collect();
+                if answers.send(results).is_err() {
+                    break;
+                }
+            }
+            drop(consumer);
+        })?;
+    Ok((tx, handle))
 }
 
 fn add_commit(tpl: &mut TopicPartitionList, tp: &TopicPartition, offset: i64, metadata: &str) {
