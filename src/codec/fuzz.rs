@@ -3,6 +3,9 @@
 //! headers, commit metadata). Each must return, whatever its input: never panic, overflow the
 //! stack or allocate without bound. A crash found by fuzzing becomes a unit test.
 
+use std::collections::HashMap;
+use std::rc::Rc;
+
 use serde_json::Value as Json;
 
 use super::registry::{self, ResolvedSchema, SchemaType};
@@ -17,12 +20,29 @@ pub fn decode_with_schema(
     schema_text: &str,
     payload: &[u8],
 ) -> Option<Result<Json, DecodeError>> {
-    let kind = registry::compile(1, schema_type, schema_text, &[]).ok()?;
-    let schema = ResolvedSchema {
-        id: 1,
-        kind,
-        subjects: Vec::new(),
-    };
+    // Compiled schemas are kept (as the registry client keeps them per id), so the fuzzer
+    // spends its time on payloads rather than on compiling the same schema again.
+    thread_local! {
+        static COMPILED: std::cell::RefCell<HashMap<(SchemaType, String), Option<Rc<ResolvedSchema>>>> =
+            std::cell::RefCell::new(HashMap::new());
+    }
+    let schema = COMPILED.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if cache.len() >= 512 {
+            cache.clear();
+        }
+        cache
+            .entry((schema_type, schema_text.to_owned()))
+            .or_insert_with(|| {
+                let kind = registry::compile(1, schema_type, schema_text, &[]).ok()?;
+                Some(Rc::new(ResolvedSchema {
+                    id: 1,
+                    kind,
+                    subjects: Vec::new(),
+                }))
+            })
+            .clone()
+    })?;
     Some(
         Decoder::new(None)
             .decode_resolved(&schema, payload, "fuzz", Field::Value)

@@ -500,6 +500,40 @@ mod tests {
         assert_eq!(e.class(), "payload", "{e}");
     }
 
+    /// The cost per event of validating JSON Schema payloads on consume, printed (run with
+    /// `cargo test --release --lib -- --ignored --nocapture json_schema_validation_cost`).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn json_schema_validation_cost() {
+        let schema = compile(
+            registry::SchemaType::Json,
+            r#"{"type":"object","properties":{"id":{"type":"integer"},"customer":{"type":"string"},
+                "amount":{"type":"number","minimum":0},"currency":{"enum":["EUR","USD"]},
+                "at":{"type":"string"},"lines":{"type":"array","items":{"type":"object",
+                "properties":{"sku":{"type":"string"},"qty":{"type":"integer"}}}}},
+                "required":["id","customer","amount"]}"#,
+        );
+        let body = br#"{"id":42,"customer":"c-1","amount":12.5,"currency":"EUR","at":"2026-12-03T08:00:00Z","lines":[{"sku":"a","qty":1},{"sku":"b","qty":2}]}"#;
+        let n = 50_000;
+        let d = Decoder::new(None);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            let _ = decode_json(body, &d.limits).unwrap();
+        }
+        let parse = t.elapsed();
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            let _ = decode_compiled(&schema, body).unwrap();
+        }
+        let validated = t.elapsed();
+        println!(
+            "per event: parse and limits {:.2} µs, with JSON Schema validation {:.2} µs, validation {:.2} µs",
+            parse.as_secs_f64() * 1e6 / n as f64,
+            validated.as_secs_f64() * 1e6 / n as f64,
+            (validated.as_secs_f64() - parse.as_secs_f64()) * 1e6 / n as f64
+        );
+    }
+
     #[tokio::test]
     async fn framed_without_registry_is_fatal_and_bad_frames_are_rejected() {
         let d = decoder();

@@ -18,7 +18,7 @@ use thiserror::Error;
 use crate::config::RegistryConfig;
 
 /// The kinds of schema the registry holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SchemaType {
     /// Apache Avro.
     Avro,

@@ -642,3 +642,48 @@ async fn produce_100k_small_avro_records() {
     assert!(rate > 5_000.0, "{rate:.0} records/s");
     daemon.stop().await;
 }
+
+/// Issue 13: a clean run of 1,000,000 records through one replica, counted by idempotency key
+/// at the dispatcher: every record once, none twice, committed to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_records_through_one_replica_are_each_dispatched_once() {
+    const COUNT: usize = 1_000_000;
+    let topic = unique("million");
+    create_topic(&topic, 8).await;
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "topic": topic,
+        "generate": {"count": COUNT, "keys": 1000, "value_bytes": 40},
+        "kafka": {"linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4"},
+        "steps": []
+    }))
+    .await;
+    let d = dispatcher(Faults::default()).await;
+    let group = unique("million-group");
+    let toml = connection_toml(&group, &topic, &d.url(), "concurrency = 64");
+    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
+    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let started = Instant::now();
+    wait_for("a million runs", Duration::from_secs(1200), || {
+        (d.accepted() >= COUNT).then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    let ends = wait_committed_to_end(&group, &topic, 8).await;
+    daemon.kill().expect("kill");
+    let _ = daemon.wait();
+    eprintln!(
+        "a million records: {} accepted in {:.0} s ({:.0}/s, debug build), {} offered again",
+        d.accepted(),
+        took.as_secs_f64(),
+        COUNT as f64 / took.as_secs_f64(),
+        d.repeats()
+    );
+    assert_eq!(ends.iter().sum::<i64>(), COUNT as i64);
+    assert_eq!(
+        d.repeats(),
+        0,
+        "offered again: {:?}",
+        &d.repeated_keys()[..d.repeated_keys().len().min(10)]
+    );
+    assert_eq!(d.accepted(), COUNT);
+}

@@ -59,3 +59,40 @@ async fn only_committed_messages_start_runs_and_commits_reach_the_end() {
     assert_eq!(d.accepted(), expected.len());
     assert_eq!(committed(&group, &topic, 2), hwm);
 }
+
+/// Issue 13: a fresh assignment whose committed offset is followed only by an aborted
+/// transaction and its marker still commits to the end of the partition (lag 0), though no
+/// message of the assignment ever arrives.
+#[tokio::test]
+async fn a_commit_followed_only_by_an_aborted_transaction_reaches_the_end_after_a_restart() {
+    let topic = unique("txn-tail");
+    create_topic(&topic, 1).await;
+    let produce = |steps: Value| {
+        let topic = topic.clone();
+        async move {
+            let _ = reference_produce(json!({
+                "bootstrap": stack().bootstrap, "topic": topic,
+                "key": {"format": "string"}, "value": {"format": "json"},
+                "steps": steps
+            }))
+            .await;
+        }
+    };
+    produce(json!([{"txn": "commit", "records": [rec("c1", 0), rec("c2", 0)]}])).await;
+    let d = dispatcher(Default::default()).await;
+    let group = unique("txn-tail-group");
+    let toml = connection_toml(&group, &topic, &d.url(), "");
+    let first = Connector::start(&toml);
+    let after_commit = wait_committed_to_end(&group, &topic, 1).await;
+    first.stop().await;
+    // Only an aborted transaction follows the group's commit.
+    produce(json!([{"txn": "abort", "records": [rec("a1", 0), rec("a2", 0)]}])).await;
+    let second = Connector::start(&toml);
+    let end = wait_committed_to_end(&group, &topic, 1).await;
+    second.stop().await;
+    assert!(
+        end[0] > after_commit[0],
+        "the end moved past the aborted records: {end:?}"
+    );
+    assert_eq!(d.accepted(), 2, "the aborted records started no run");
+}
