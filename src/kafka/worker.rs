@@ -384,7 +384,7 @@ fn on_decode_error(
     metrics::decode_error(&trigger.connection, &trigger.name, e.class());
     trigger.failed(&format!("cannot decode: {}", e.class()));
     if matches!(e, DecodeError::Registry(_)) {
-        metrics::registry_error(e.class());
+        metrics::registry_error(&trigger.connection, e.class());
     }
     tracing::warn!(
         connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
