@@ -4,6 +4,8 @@
 //! - `cli`: the binary's behaviour that needs no broker (config errors).
 //! - `oidc`: OAUTHBEARER OIDC token fetching against a local token endpoint (no broker).
 //! - `registry_auth`: Schema Registry basic and bearer auth, refusals, TLS file errors.
+//! - `deploy`: the Kubernetes manifests' structure (restricted pod security, probes,
+//!   resources, PDB/Service/ServiceMonitor/ScaledObject consistent with the workload).
 //! - `compose`: `docker-compose.yml` validated by Docker Compose's loader (compose-go, through
 //!   `scripts/compose-check.sh`; needs Go, not Docker) and consistent with its connector config.
 //! - `broker`: tests against the real Kafka broker and Schema Registry started by
@@ -12,6 +14,7 @@
 
 mod cli;
 mod compose;
+mod deploy;
 mod oidc;
 mod registry_auth;
 mod support;
