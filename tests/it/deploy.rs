@@ -391,3 +391,49 @@ fn the_image_user_is_the_pods_user() {
         .expect("a USER line");
     assert_eq!(user.trim(), uid.to_string());
 }
+
+/// The Dockerfile: base images as build arguments (to pin by digest), OCI labels, a
+/// dependency layer before the sources, a binary without debug sections beside its debug
+/// file, and a build context of sources only.
+#[test]
+fn the_dockerfile_builds_a_labelled_stripped_image_from_sources_only() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let froms: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .collect();
+    for from in &froms {
+        let image = from.split_whitespace().next().unwrap();
+        assert!(
+            image.starts_with("${") || image == "scratch",
+            "FROM {from}: base images come from ARGs"
+        );
+    }
+    for label in [
+        "org.opencontainers.image.title",
+        "org.opencontainers.image.version",
+        "org.opencontainers.image.revision",
+        "org.opencontainers.image.source",
+        "org.opencontainers.image.licenses",
+    ] {
+        assert!(dockerfile.contains(label), "{label}");
+    }
+    let deps = dockerfile
+        .find("COPY Cargo.toml Cargo.lock")
+        .expect("manifest copied");
+    let sources = dockerfile.find("COPY src ").expect("sources copied");
+    let first_build = dockerfile.find("cargo build").expect("a build");
+    assert!(
+        deps < first_build && first_build < sources,
+        "dependencies build before the sources arrive"
+    );
+    assert!(dockerfile.contains("objcopy --only-keep-debug"));
+    assert!(dockerfile.contains("--add-gnu-debuglink"));
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
+    let rules: Vec<&str> = ignore
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(rules, ["*", "!Cargo.toml", "!Cargo.lock", "!src/"]);
+}
