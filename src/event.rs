@@ -113,14 +113,52 @@ pub fn headers_of(msg: &OwnedMessage) -> Vec<EventHeader> {
         .collect()
 }
 
-/// The W3C `traceparent` header of a record, if it carries a valid-looking one.
-pub fn traceparent(headers: &[EventHeader]) -> Option<&str> {
+/// The last `traceparent` header of a record, as it is.
+fn raw_traceparent(headers: &[EventHeader]) -> Option<&EventHeader> {
     headers
         .iter()
         .rev()
-        .find(|h| h.name.eq_ignore_ascii_case("traceparent") && h.encoding == "utf8")
-        .and_then(|h| h.value.as_deref())
-        .filter(|v| v.len() == 55 && v.is_ascii())
+        .find(|h| h.name.eq_ignore_ascii_case("traceparent"))
+}
+
+/// The record's W3C `traceparent`, when it is valid trace context (W3C Trace Context §3.2):
+/// `version-traceid-parentid-flags` in lowercase hex, version not `ff`, ids not all zeros,
+/// exactly 55 characters for version `00`; a later version may append `-…`, of which only the
+/// first 55 characters are passed on. Anything else is ignored, as W3C says.
+pub fn traceparent(headers: &[EventHeader]) -> Option<&str> {
+    let h = raw_traceparent(headers)?;
+    if h.encoding != "utf8" {
+        return None;
+    }
+    valid_traceparent(h.value.as_deref()?)
+}
+
+/// Whether the record carries a `traceparent` header that [`traceparent`] ignores.
+pub fn has_invalid_traceparent(headers: &[EventHeader]) -> bool {
+    raw_traceparent(headers).is_some() && traceparent(headers).is_none()
+}
+
+fn valid_traceparent(v: &str) -> Option<&str> {
+    let b = v.as_bytes();
+    let hex = |s: &[u8]| s.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    let zeros = |s: &[u8]| s.iter().all(|&c| c == b'0');
+    if b.len() < 55 || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
+        return None;
+    }
+    let (version, trace, parent, flags) = (&b[0..2], &b[3..35], &b[36..52], &b[53..55]);
+    if !(hex(version) && hex(trace) && hex(parent) && hex(flags)) || version == b"ff" {
+        return None;
+    }
+    if zeros(trace) || zeros(parent) {
+        return None;
+    }
+    match (version, b.len()) {
+        (b"00", 55) => Some(v),
+        (b"00", _) => None,
+        (_, 55) => Some(v),
+        (_, _) if b[55] == b'-' => Some(&v[..55]),
+        _ => None,
+    }
 }
 
 /// Serialises the event for `msg`.
@@ -155,4 +193,43 @@ pub fn render(
         value_schema: &value.schema,
     };
     serde_json::to_vec(&event).unwrap_or_else(|_| b"{}".to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(value: &str) -> Vec<EventHeader> {
+        vec![EventHeader {
+            name: "traceparent".into(),
+            value: Some(value.into()),
+            encoding: "utf8",
+        }]
+    }
+
+    #[test]
+    fn traceparent_follows_w3c_rules() {
+        let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(traceparent(&header(ok)), Some(ok));
+        assert!(!has_invalid_traceparent(&header(ok)));
+        let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes";
+        assert_eq!(traceparent(&header(later)), Some(&later[..55]));
+        for bad in [
+            // 55 bytes ending in a newline: HTTP cannot carry it.
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0\n",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0é",
+            "",
+        ] {
+            assert_eq!(traceparent(&header(bad)), None, "{bad:?}");
+            assert!(has_invalid_traceparent(&header(bad)), "{bad:?}");
+        }
+        assert!(!has_invalid_traceparent(&[]));
+    }
 }

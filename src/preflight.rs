@@ -617,7 +617,7 @@ async fn dispatcher_checks(r: &mut Report<'_>, conn: &ConnectionConfig) {
                 continue;
             }
         };
-        let mut req = client.get(t.dispatcher.url.clone());
+        let mut req = client.get(t.dispatcher.url.expose().clone());
         if let Some(token) = &t.dispatcher.token {
             req = req.bearer_auth(token.expose());
         }

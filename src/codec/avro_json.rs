@@ -555,7 +555,7 @@ mod tests {
             .unwrap()
             .write_value_to_vec(v)
             .unwrap();
-        super::super::avro::decode(s, &[], &bytes).unwrap()
+        super::super::avro::decode(s, &[], &bytes, &super::super::avro::Limits::default()).unwrap()
     }
 
     #[test]

@@ -5,8 +5,7 @@
 //! the registry client's caches: a schema is compiled once per id, and `latest` is asked
 //! again at most every 30 s. Nothing is registered: producing needs a schema that exists.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use base64::Engine as _;
 use prost::Message as _;
@@ -109,7 +108,6 @@ pub enum EncodeError {
 /// Encodes produced keys and values for one connection.
 pub struct Encoder {
     registry: Option<Arc<RegistryClient>>,
-    json_validators: Mutex<HashMap<u32, Arc<jsonschema::Validator>>>,
 }
 
 impl std::fmt::Debug for Encoder {
@@ -123,10 +121,7 @@ impl std::fmt::Debug for Encoder {
 impl Encoder {
     /// An encoder using `registry` for the `schema_registry` format.
     pub fn new(registry: Option<Arc<RegistryClient>>) -> Self {
-        Self {
-            registry,
-            json_validators: Mutex::new(HashMap::new()),
-        }
+        Self { registry }
     }
 
     /// Encodes `json` for `topic`. JSON `null` is an absent key or a tombstone value, in
@@ -254,13 +249,7 @@ impl Encoder {
                     })
                 })?;
             }
-            CompiledSchema::Json { schema: s } => {
-                let validator = self.json_validator(schema.id, s).map_err(|reason| {
-                    mismatch(Mismatch {
-                        path: "$".to_owned(),
-                        reason,
-                    })
-                })?;
+            CompiledSchema::Json { validator, .. } => {
                 if let Err(e) = validator.validate(json) {
                     return Err(mismatch(Mismatch {
                         path: pointer_to_path(e.instance_path.as_str()),
@@ -277,22 +266,6 @@ impl Encoder {
         }
         Ok(out)
     }
-
-    fn json_validator(&self, id: u32, schema: &Json) -> Result<Arc<jsonschema::Validator>, String> {
-        let mut cache = self
-            .json_validators
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(v) = cache.get(&id) {
-            return Ok(Arc::clone(v));
-        }
-        let v = Arc::new(
-            jsonschema::validator_for(schema)
-                .map_err(|e| format!("the registered JSON Schema does not compile: {e}"))?,
-        );
-        let _ = cache.insert(id, Arc::clone(&v));
-        Ok(v)
-    }
 }
 
 fn version_text(v: Option<i64>) -> String {
@@ -300,7 +273,7 @@ fn version_text(v: Option<i64>) -> String {
 }
 
 /// `/customer/emails/2` to `$.customer.emails[2]`.
-fn pointer_to_path(pointer: &str) -> String {
+pub(crate) fn pointer_to_path(pointer: &str) -> String {
     let mut out = String::from("$");
     for seg in pointer.split('/').skip(1) {
         let seg = seg.replace("~1", "/").replace("~0", "~");

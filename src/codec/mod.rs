@@ -8,6 +8,7 @@
 mod avro;
 pub mod avro_json;
 pub mod encode;
+pub mod fuzz;
 mod protobuf;
 pub mod registry;
 mod time;
@@ -24,8 +25,7 @@ use crate::config::PayloadFormat;
 use registry::{CompiledSchema, RegistryClient, RegistryError};
 use wire::WireError;
 
-/// Largest single allocation apache-avro may make while decoding (a bytes or string field).
-const MAX_AVRO_ALLOCATION: usize = 32 * 1024 * 1024;
+pub use avro::Limits;
 
 /// Which part of a record is decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +81,15 @@ pub enum DecodeError {
         /// Why.
         reason: String,
     },
+    /// The payload nests deeper, or holds more values, than the decoding limits allow
+    /// ([`Limits`]): refused before it can exhaust the stack or memory.
+    #[error("{format} payload exceeds a decoding limit: {reason}")]
+    Limit {
+        /// The format tried.
+        format: &'static str,
+        /// Which limit.
+        reason: String,
+    },
     /// Registry framing found but the connection has no registry configured.
     #[error("payload needs a schema registry but the connection has none")]
     NoRegistry,
@@ -111,7 +120,8 @@ impl DecodeError {
             }
             Self::Registry(RegistryError::Invalid { .. })
             | Self::Wire(_)
-            | Self::Payload { .. } => Disposition::Reject,
+            | Self::Payload { .. }
+            | Self::Limit { .. } => Disposition::Reject,
         }
     }
 
@@ -136,6 +146,7 @@ impl DecodeError {
             Self::Registry(RegistryError::Unavailable(_)) => "registry_unavailable",
             Self::Registry(RegistryError::Invalid { .. }) => "schema_invalid",
             Self::Payload { .. } => "payload",
+            Self::Limit { .. } => "decode_limit",
             Self::NoRegistry => "no_registry",
         }
     }
@@ -145,14 +156,16 @@ impl DecodeError {
 #[derive(Clone, Debug)]
 pub struct Decoder {
     registry: Option<Arc<RegistryClient>>,
+    limits: Limits,
 }
 
 impl Decoder {
-    /// A decoder using `registry` for framed payloads.
+    /// A decoder using `registry` for framed payloads, with the default [`Limits`].
     pub fn new(registry: Option<Arc<RegistryClient>>) -> Self {
-        // A corrupt length prefix must not make apache-avro allocate without bound.
-        let _ = apache_avro::util::max_allocation_bytes(MAX_AVRO_ALLOCATION);
-        Self { registry }
+        Self {
+            registry,
+            limits: Limits::default(),
+        }
     }
 
     /// Decodes `bytes` (None for a null key or a tombstone) per `format`.
@@ -174,7 +187,7 @@ impl Decoder {
         };
         match format {
             PayloadFormat::SchemaRegistry => self.decode_framed(bytes, topic, field).await,
-            PayloadFormat::Json => decode_json(bytes),
+            PayloadFormat::Json => decode_json(bytes, &self.limits),
             PayloadFormat::String => decode_string(bytes),
             PayloadFormat::Bytes => Ok(decode_bytes(bytes)),
             PayloadFormat::Auto => {
@@ -182,8 +195,10 @@ impl Decoder {
                     return self.decode_framed(bytes, topic, field).await;
                 }
                 if matches!(bytes.first(), Some(b'{' | b'[')) {
-                    if let Ok(d) = decode_json(bytes) {
-                        return Ok(d);
+                    match decode_json(bytes, &self.limits) {
+                        Ok(d) => return Ok(d),
+                        Err(e @ DecodeError::Limit { .. }) => return Err(e),
+                        Err(_) => {}
                     }
                 }
                 Ok(decode_string(bytes).unwrap_or_else(|_| decode_bytes(bytes)))
@@ -200,6 +215,17 @@ impl Decoder {
         let frame = wire::parse_frame(bytes)?;
         let registry = self.registry.as_ref().ok_or(DecodeError::NoRegistry)?;
         let schema = registry.schema(frame.schema_id).await?;
+        self.decode_resolved(&schema, frame.body, topic, field)
+    }
+
+    /// Decodes the body of a framed payload written with `schema`.
+    pub(crate) fn decode_resolved(
+        &self,
+        schema: &registry::ResolvedSchema,
+        body: &[u8],
+        topic: &str,
+        field: Field,
+    ) -> Result<Decoded, DecodeError> {
         let subject = schema.subject_for(topic, field == Field::Key);
         let mut info = SchemaInfo {
             format: schema.schema_type().as_str(),
@@ -208,25 +234,43 @@ impl Decoder {
             version: subject.map(|s| s.version),
             name: None,
         };
-        let payload_err = |reason: String| DecodeError::Payload {
-            format: info.format,
-            reason,
-        };
+        let format = info.format;
         let value = match &schema.kind {
             CompiledSchema::Avro { schema, references } => {
-                let v = avro::decode(schema, references, frame.body).map_err(payload_err)?;
+                let v =
+                    avro::decode(schema, references, body, &self.limits).map_err(|r| match r {
+                        avro::Refusal::Payload(reason) => DecodeError::Payload { format, reason },
+                        avro::Refusal::Limit(reason) => DecodeError::Limit { format, reason },
+                    })?;
                 info.name = avro::schema_name(schema);
                 v
             }
             CompiledSchema::Protobuf { file } => {
-                let (path, body) = wire::read_message_indexes(frame.body)?;
-                let (name, v) = protobuf::decode(file, &path, body).map_err(payload_err)?;
+                let (path, body) = wire::read_message_indexes(body)?;
+                let (name, v) = protobuf::decode(file, &path, body).map_err(|reason| {
+                    // prost refuses messages nested past 100 levels before recursing further.
+                    if reason.contains("recursion limit") {
+                        DecodeError::Limit { format, reason }
+                    } else {
+                        DecodeError::Payload { format, reason }
+                    }
+                })?;
+                check_shape(&v, body.len(), &self.limits, format)?;
                 info.name = Some(name);
                 v
             }
-            CompiledSchema::Json { schema } => {
-                let v: Json =
-                    serde_json::from_slice(frame.body).map_err(|e| payload_err(e.to_string()))?;
+            CompiledSchema::Json { schema, validator } => {
+                let v: Json = parse_json(body, format)?;
+                check_shape(&v, body.len(), &self.limits, format)?;
+                if let Some(e) = validator.iter_errors(&v).next() {
+                    return Err(DecodeError::Payload {
+                        format,
+                        reason: format!(
+                            "{}: {e}",
+                            encode::pointer_to_path(e.instance_path.as_str())
+                        ),
+                    });
+                }
                 info.name = schema
                     .get("title")
                     .and_then(Json::as_str)
@@ -241,11 +285,56 @@ impl Decoder {
     }
 }
 
-fn decode_json(bytes: &[u8]) -> Result<Decoded, DecodeError> {
-    let value = serde_json::from_slice(bytes).map_err(|e| DecodeError::Payload {
-        format: "json",
-        reason: e.to_string(),
-    })?;
+/// Parses JSON; serde_json refuses nesting past 128 levels before recursing further.
+fn parse_json(bytes: &[u8], format: &'static str) -> Result<Json, DecodeError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        if e.to_string().contains("recursion limit exceeded") {
+            DecodeError::Limit {
+                format,
+                reason: e.to_string(),
+            }
+        } else {
+            DecodeError::Payload {
+                format,
+                reason: e.to_string(),
+            }
+        }
+    })
+}
+
+/// Enforces [`Limits`] on an already decoded value (Protobuf, JSON), without recursion.
+fn check_shape(
+    value: &Json,
+    payload_len: usize,
+    limits: &Limits,
+    format: &'static str,
+) -> Result<(), DecodeError> {
+    let mut budget = limits.value_budget(payload_len);
+    let mut stack: Vec<(&Json, usize)> = vec![(value, 0)];
+    while let Some((v, depth)) = stack.pop() {
+        budget = budget.checked_sub(1).ok_or_else(|| DecodeError::Limit {
+            format,
+            reason: "payload holds more values than its size allows".to_owned(),
+        })?;
+        let children: Box<dyn Iterator<Item = &Json>> = match v {
+            Json::Array(a) => Box::new(a.iter()),
+            Json::Object(o) => Box::new(o.values()),
+            _ => continue,
+        };
+        if depth >= limits.max_depth {
+            return Err(DecodeError::Limit {
+                format,
+                reason: format!("payload nests deeper than {} levels", limits.max_depth),
+            });
+        }
+        stack.extend(children.map(|c| (c, depth + 1)));
+    }
+    Ok(())
+}
+
+fn decode_json(bytes: &[u8], limits: &Limits) -> Result<Decoded, DecodeError> {
+    let value = parse_json(bytes, "json")?;
+    check_shape(&value, bytes.len(), limits, "json")?;
     Ok(Decoded {
         value,
         schema: SchemaInfo {
@@ -318,6 +407,97 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(n.schema.format, "null");
+    }
+
+    /// What `decode_framed` does after the registry lookup, for a compiled schema.
+    fn decode_compiled(
+        schema: &registry::ResolvedSchema,
+        body: &[u8],
+    ) -> Result<Json, DecodeError> {
+        let d = Decoder::new(None);
+        d.decode_resolved(schema, body, "t", Field::Value)
+            .map(|decoded| decoded.value)
+    }
+
+    fn compile(kind: registry::SchemaType, text: &str) -> registry::ResolvedSchema {
+        registry::ResolvedSchema {
+            id: 7,
+            kind: registry::compile(7, kind, text, &[]).unwrap(),
+            subjects: vec![],
+        }
+    }
+
+    /// `Node { int32 v = 1; Node next = 2; }` nested `depth` deep, built back to front.
+    fn nested_protobuf(depth: usize) -> Vec<u8> {
+        let mut rev: Vec<u8> = vec![0x02, 0x08]; // innermost: v = 2, reversed
+        for _ in 0..depth {
+            let mut varint = Vec::new();
+            let mut len = rev.len();
+            while len >= 0x80 {
+                varint.push((len as u8) | 0x80);
+                len >>= 7;
+            }
+            varint.push(len as u8);
+            rev.extend(varint.iter().rev());
+            rev.push(0x12); // field 2, length-delimited
+        }
+        rev.reverse();
+        rev
+    }
+
+    #[test]
+    fn deep_protobuf_is_a_decode_limit_not_a_stack_overflow() {
+        let kind = compile(
+            registry::SchemaType::Protobuf,
+            "syntax = \"proto3\"; message Node { int32 v = 1; Node next = 2; }",
+        );
+        let framed = |depth: usize| {
+            let mut b = vec![0u8]; // message index [0]
+            b.extend(nested_protobuf(depth));
+            b
+        };
+        assert!(decode_compiled(&kind, &framed(3)).is_ok());
+        for depth in [65, 99, 150, 200_000] {
+            let e = decode_compiled(&kind, &framed(depth)).unwrap_err();
+            assert_eq!(e.class(), "decode_limit", "depth {depth}: {e}");
+            assert_eq!(e.disposition(), Disposition::Reject);
+        }
+    }
+
+    #[test]
+    fn deep_json_is_a_decode_limit() {
+        let d = decoder();
+        let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        assert!(decode_json(deep(60).as_bytes(), &d.limits).is_ok());
+        for n in [70, 200, 200_000] {
+            let e = decode_json(deep(n).as_bytes(), &d.limits).unwrap_err();
+            assert_eq!(e.class(), "decode_limit", "depth {n}: {e}");
+        }
+    }
+
+    #[test]
+    fn json_schema_payloads_are_validated_on_consume_with_the_path() {
+        let kind = compile(
+            registry::SchemaType::Json,
+            r#"{"type":"object","title":"Order","properties":{"id":{"type":"integer"},
+                "lines":{"type":"array","items":{"type":"object","properties":{"qty":{"type":"integer"}}}}},
+                "required":["id"]}"#,
+        );
+        assert_eq!(
+            decode_compiled(&kind, br#"{"id":1,"lines":[{"qty":2}]}"#).unwrap(),
+            serde_json::json!({"id":1,"lines":[{"qty":2}]})
+        );
+        let e = decode_compiled(&kind, br#"{"id":"x"}"#).unwrap_err();
+        assert_eq!(
+            (e.class(), e.disposition()),
+            ("payload", Disposition::Reject)
+        );
+        assert!(e.to_string().contains("$.id"), "{e}");
+        let e =
+            decode_compiled(&kind, br#"{"id":1,"lines":[{"qty":2},{"qty":"many"}]}"#).unwrap_err();
+        assert!(e.to_string().contains("$.lines[1].qty"), "{e}");
+        let e = decode_compiled(&kind, br#"{"lines":[]}"#).unwrap_err();
+        assert_eq!(e.class(), "payload", "{e}");
     }
 
     #[tokio::test]

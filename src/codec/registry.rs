@@ -78,6 +78,9 @@ pub enum CompiledSchema {
     Json {
         /// The parsed schema.
         schema: serde_json::Value,
+        /// Its validator, compiled once per schema id with the referenced schemas, used on
+        /// consume and on produce.
+        validator: Arc<jsonschema::Validator>,
     },
 }
 
@@ -140,7 +143,7 @@ pub enum RegistryError {
 }
 
 #[derive(Deserialize)]
-struct SchemaResponse {
+pub(crate) struct SchemaResponse {
     schema: String,
     #[serde(rename = "schemaType", default)]
     schema_type: Option<String>,
@@ -290,7 +293,12 @@ impl RegistryClient {
         Ok(Self {
             inner: Arc::new(Inner {
                 http,
-                base: config.url.as_str().trim_end_matches('/').to_owned(),
+                base: config
+                    .url
+                    .expose()
+                    .as_str()
+                    .trim_end_matches('/')
+                    .to_owned(),
                 auth,
             }),
             cache: Mutex::new(HashMap::new()),
@@ -510,7 +518,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         s.push_str(&c.to_string());
         cur = c.source();
     }
-    s
+    // reqwest names the URL, user info and query included.
+    crate::config::redact_text(&s)
 }
 
 fn urlencode(s: &str) -> String {
@@ -519,7 +528,7 @@ fn urlencode(s: &str) -> String {
         .replace('+', "%20")
 }
 
-fn compile(
+pub(crate) fn compile(
     id: u32,
     schema_type: SchemaType,
     text: &str,
@@ -541,7 +550,29 @@ fn compile(
         SchemaType::Json => {
             let schema = serde_json::from_str(text)
                 .map_err(|e| invalid(format!("json schema does not parse: {e}")))?;
-            Ok(CompiledSchema::Json { schema })
+            let mut options = jsonschema::options();
+            for (name, r) in references {
+                let doc: serde_json::Value = serde_json::from_str(&r.schema).map_err(|e| {
+                    invalid(format!("referenced json schema {name} does not parse: {e}"))
+                })?;
+                let resource = jsonschema::Resource::from_contents(doc).map_err(|e| {
+                    invalid(format!("referenced json schema {name} is not usable: {e}"))
+                })?;
+                // A relative `$ref` resolves against the root's default base URI.
+                let uri = if name.contains(':') {
+                    name.clone()
+                } else {
+                    format!("json-schema:///{}", name.trim_start_matches('/'))
+                };
+                options = options.with_resource(uri, resource);
+            }
+            let validator = options
+                .build(&schema)
+                .map_err(|e| invalid(format!("json schema does not compile: {e}")))?;
+            Ok(CompiledSchema::Json {
+                schema,
+                validator: Arc::new(validator),
+            })
         }
         SchemaType::Protobuf => {
             let main_name = format!("tessel-registry-schema-{id}.proto");

@@ -70,7 +70,7 @@ pub struct ConnectionConfig {
 pub struct RegistryConfig {
     /// Base URL, path included, e.g. `https://psrc-xxxx.region.aws.confluent.cloud` or
     /// `http://registry:8080/apis/ccompat/v7`.
-    pub url: url::Url,
+    pub url: super::secret::Endpoint,
     /// Basic-auth user (Confluent Cloud: the registry API key).
     #[serde(default)]
     pub username: Option<String>,
@@ -183,6 +183,55 @@ impl ConnectionConfig {
             .any(|t| t.on_error == ErrorPolicy::DeadLetter)
     }
 
+    /// The drain on revoke and shutdown must fit the group's timeouts. The revoke callback
+    /// holds the poll thread for up to `drain_timeout_ms` + 10 s: past `max.poll.interval.ms`
+    /// librdkafka leaves the group mid-drain. With static membership (`group.instance.id`) a
+    /// restart only avoids a rebalance when the drain on stop fits within
+    /// `session.timeout.ms`.
+    fn validate_group_timing(&self, name: &str) -> Result<(), ConfigError> {
+        let ms = |prop: &str, default: u64| -> Result<u64, ConfigError> {
+            match self.kafka.get(prop) {
+                None => Ok(default),
+                Some(v) => v.trim().parse().map_err(|_| {
+                    ConfigError::invalid(
+                        format!("connections.{name}.kafka.\"{prop}\""),
+                        format!("{v:?} is not a number of milliseconds"),
+                    )
+                }),
+            }
+        };
+        let max_poll = ms("max.poll.interval.ms", 300_000)?;
+        let session = ms("session.timeout.ms", 45_000)?;
+        let revoke_hold = self.drain_timeout_ms.saturating_add(10_000);
+        if revoke_hold >= max_poll {
+            return Err(ConfigError::invalid(
+                format!("connections.{name}.drain_timeout_ms"),
+                format!(
+                    "{} ms plus 10 s is not below max.poll.interval.ms ({max_poll} ms): a revoke \
+                     would outlast it and the consumer would leave its group mid-drain; lower \
+                     drain_timeout_ms below {} or raise \"max.poll.interval.ms\" above {}",
+                    self.drain_timeout_ms,
+                    max_poll.saturating_sub(10_000),
+                    revoke_hold
+                ),
+            ));
+        }
+        if self.kafka.contains_key("group.instance.id") && self.drain_timeout_ms >= session {
+            return Err(ConfigError::invalid(
+                format!("connections.{name}.drain_timeout_ms"),
+                format!(
+                    "{} ms is not below session.timeout.ms ({session} ms): with static \
+                     membership (group.instance.id) a restart must be back within the session \
+                     timeout to avoid a rebalance; lower drain_timeout_ms or raise \
+                     \"session.timeout.ms\" above {}",
+                    self.drain_timeout_ms,
+                    self.drain_timeout_ms.saturating_add(15_000)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     pub(super) fn validate(&self, name: &str) -> Result<(), ConfigError> {
         let key = |k: &str| format!("connections.{name}.{k}");
         self.auth()
@@ -236,6 +285,9 @@ impl ConnectionConfig {
                     ));
                 }
             }
+        }
+        if self.consumes() {
+            self.validate_group_timing(name)?;
         }
         let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
         for (tname, trigger) in &self.triggers {
@@ -292,5 +344,80 @@ impl ConnectionConfig {
             .iter()
             .find(|(_, t)| t.topics.iter().any(|x| x == topic))
             .map(|(n, t)| (n.as_str(), t))
+    }
+}
+
+#[cfg(test)]
+mod group_timing_tests {
+    use crate::config::Config;
+
+    fn load(kafka_extra: &str, connection_extra: &str) -> Result<Config, String> {
+        let text = format!(
+            r#"
+[connections.orders]
+{connection_extra}
+[connections.orders.kafka]
+"bootstrap.servers" = "127.0.0.1:9092"
+"group.id" = "g"
+{kafka_extra}
+[connections.orders.triggers.t]
+topics = ["payments"]
+workflow = "w"
+dispatcher = {{ url = "http://127.0.0.1:8080/runs" }}
+"#
+        );
+        Config::from_toml_with_env(&text, Vec::new()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_drain_must_fit_the_poll_interval_and_with_static_membership_the_session() {
+        assert!(load("", "").is_ok(), "defaults fit");
+        let e = load(
+            "\"max.poll.interval.ms\" = \"30000\"",
+            "drain_timeout_ms = 25000",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("drain_timeout_ms") && e.contains("max.poll.interval.ms"),
+            "{e}"
+        );
+        assert!(
+            e.contains("below 20000") && e.contains("above 35000"),
+            "says what to change: {e}"
+        );
+        assert!(load("\"group.instance.id\" = \"tessel-0\"", "").is_ok());
+        let e = load(
+            "\"group.instance.id\" = \"tessel-0\"\n\"session.timeout.ms\" = \"20000\"",
+            "drain_timeout_ms = 30000",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("session.timeout.ms") && e.contains("group.instance.id"),
+            "{e}"
+        );
+        let e = load("\"session.timeout.ms\" = \"soon\"", "").unwrap_err();
+        assert!(e.contains("session.timeout.ms"), "{e}");
+    }
+
+    #[test]
+    fn static_membership_comes_from_the_environment_as_a_pod_name_would() {
+        let text = r#"
+[connections.orders.kafka]
+"bootstrap.servers" = "127.0.0.1:9092"
+"group.id" = "g"
+[connections.orders.triggers.t]
+topics = ["payments"]
+workflow = "w"
+dispatcher = { url = "http://127.0.0.1:8080/runs" }
+"#;
+        let env = vec![(
+            "TESSEL_KAFKA__CONNECTIONS__ORDERS__KAFKA__GROUP_INSTANCE_ID".to_owned(),
+            "tessel-kafka-2".to_owned(),
+        )];
+        let c = Config::from_toml_with_env(text, env).unwrap();
+        assert_eq!(
+            c.connections["orders"].kafka["group.instance.id"],
+            "tessel-kafka-2"
+        );
     }
 }

@@ -13,7 +13,7 @@ use super::ConfigError;
 #[serde(deny_unknown_fields)]
 pub struct OtlpConfig {
     /// Collector base URL; `/v1/traces` is appended, e.g. `http://otel-collector:4318`.
-    pub endpoint: url::Url,
+    pub endpoint: super::secret::Endpoint,
     /// `http_protobuf` (default) or `http_json`.
     #[serde(default)]
     pub protocol: OtlpProtocol,
@@ -78,6 +78,9 @@ impl OtlpConfig {
 
     /// The traces URL: the endpoint with `/v1/traces` appended.
     pub fn traces_url(&self) -> String {
-        format!("{}/v1/traces", self.endpoint.as_str().trim_end_matches('/'))
+        format!(
+            "{}/v1/traces",
+            self.endpoint.expose().as_str().trim_end_matches('/')
+        )
     }
 }

@@ -36,6 +36,132 @@ impl Serialize for Secret {
     }
 }
 
+/// A URL that may carry credentials (`https://user:pass@host/x?token=…`). Requests use
+/// [`Endpoint::expose`]; Debug, Display and Serialize show it with the user info and
+/// credential-like query values replaced (see [`redact_url`]).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Endpoint(url::Url);
+
+impl Endpoint {
+    /// Wraps a URL.
+    pub fn new(url: url::Url) -> Self {
+        Self(url)
+    }
+
+    /// The URL itself, credentials included; call only where it is sent.
+    pub fn expose(&self) -> &url::Url {
+        &self.0
+    }
+
+    /// The URL's scheme.
+    pub fn scheme(&self) -> &str {
+        self.0.scheme()
+    }
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&redact_url(&self.0), f)
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact_url(&self.0))
+    }
+}
+
+impl Serialize for Endpoint {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&redact_url(&self.0))
+    }
+}
+
+/// Whether a URL query parameter carries a credential.
+fn is_secret_param(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    [
+        "token",
+        "key",
+        "secret",
+        "password",
+        "passwd",
+        "pwd",
+        "sig",
+        "auth",
+        "credential",
+        "session",
+    ]
+    .iter()
+    .any(|w| n.contains(w))
+}
+
+/// `url` with its user info replaced by `***` and the values of credential-like query
+/// parameters (`token`, `key`, `secret`, `password`, `sig`, …) by `***`.
+pub fn redact_url(url: &url::Url) -> String {
+    let mut u = url.clone();
+    if !u.username().is_empty() || u.password().is_some() {
+        let _ = u.set_password(None);
+        let _ = u.set_username("***");
+    }
+    if u.query().is_some() {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if is_secret_param(&k) {
+                    "***".to_owned()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        if pairs.is_empty() {
+            u.set_query(None);
+        } else {
+            let _ = u.query_pairs_mut().clear().extend_pairs(pairs);
+        }
+    }
+    u.to_string()
+}
+
+/// `text` (an error message, a log line) with every URL in it redacted as [`redact_url`]
+/// does; a URL that does not parse loses everything between `://` and its last `@`.
+pub fn redact_text(text: &str) -> String {
+    let is_end = |c: char| c.is_whitespace() || "\"'<>()[]{}|\\^`,".contains(c);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(sep) = rest.find("://") {
+        // The scheme starts after the last character that cannot be part of one (which may
+        // be several bytes long).
+        let start = rest[..sep]
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !(c.is_ascii_alphanumeric() || "+-.".contains(*c)))
+            .map_or(0, |(i, c)| i + c.len_utf8());
+        let end = rest[sep + 3..]
+            .find(is_end)
+            .map_or(rest.len(), |i| sep + 3 + i);
+        out.push_str(&rest[..start]);
+        let candidate = &rest[start..end];
+        match url::Url::parse(candidate) {
+            Ok(u) if start < sep => out.push_str(&redact_url(&u)),
+            _ => match candidate.rfind('@') {
+                Some(at) if at > sep - start => {
+                    out.push_str(&candidate[..sep - start + 3]);
+                    out.push_str("***");
+                    out.push_str(&candidate[at..]);
+                }
+                _ => out.push_str(candidate),
+            },
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum SecretSource {
@@ -102,18 +228,22 @@ fn file_property(key: &str) -> Option<&str> {
         .filter(|k| !k.is_empty())
 }
 
-/// `props` with the value of every secret property replaced by [`REDACTED`], for Debug and
+/// `props` with the value of every secret property replaced by [`REDACTED`], and
+/// credentials in URL values (`sasl.oauthbearer.token.endpoint.url`) removed, for Debug and
 /// `config check` output.
 pub(crate) fn redacted_properties(
     props: &std::collections::BTreeMap<String, String>,
-) -> std::collections::BTreeMap<&str, &str> {
+) -> std::collections::BTreeMap<&str, std::borrow::Cow<'_, str>> {
+    use std::borrow::Cow;
     props
         .iter()
         .map(|(k, v)| {
             let v = if is_secret_property(k) {
-                REDACTED
+                Cow::Borrowed(REDACTED)
+            } else if v.contains("://") {
+                Cow::Owned(redact_text(v))
             } else {
-                v.as_str()
+                Cow::Borrowed(v.as_str())
             };
             (k.as_str(), v)
         })
@@ -167,4 +297,91 @@ pub(crate) fn deserialize_properties<'de, D: Deserializer<'de>>(
         let _ = out.insert(key, value);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_user_info_and_secret_query_values() {
+        let u = url::Url::parse(
+            "http://user:s3cr3t@host:8080/runs?token=abc&tenant=acme&X-Amz-Signature=f00",
+        )
+        .unwrap();
+        assert_eq!(
+            redact_url(&u),
+            "http://***@host:8080/runs?token=***&tenant=acme&X-Amz-Signature=***"
+        );
+        let plain = url::Url::parse("https://host/runs?page=2").unwrap();
+        assert_eq!(redact_url(&plain), "https://host/runs?page=2");
+    }
+
+    #[test]
+    fn text_loses_credentials_of_every_url_in_it() {
+        let text = "error sending request for url (https://u:p4ss@reg.example/schemas/ids/1?api_key=k3y): \
+                    connect failed; then amqp://bad url@host and sasl://a:b@c";
+        let out = redact_text(text);
+        for secret in ["p4ss", "k3y", "a:b"] {
+            assert!(!out.contains(secret), "{out}");
+        }
+        assert!(
+            out.contains("https://***@reg.example/schemas/ids/1?api_key=***)"),
+            "{out}"
+        );
+        assert_eq!(redact_text("no url here"), "no url here");
+        assert_eq!(redact_text("://@"), "://***@");
+        assert_eq!(redact_text("x://"), "x://");
+    }
+
+    #[test]
+    fn text_with_multibyte_characters_before_a_scheme_is_redacted_without_panicking() {
+        // Found by the dispatcher_answer fuzz target: a scheme after a two-byte character.
+        let input = "\0\0M/\0\0\0//\0\0M/\0\0\0//0://0:\nzFư0://0:\nzFư";
+        let out = redact_text(input);
+        assert!(out.contains("zFư"), "{out:?}");
+        assert_eq!(redact_text("é://u:p@h/x"), "é://***@h/x");
+        assert_eq!(redact_text("ǅhttp://u:p@h/x"), "ǅhttp://***@h/x");
+    }
+
+    #[test]
+    fn config_check_and_debug_never_show_url_credentials() {
+        let text = r#"
+[connections.orders.kafka]
+"bootstrap.servers" = "127.0.0.1:9092"
+"group.id" = "tessel-orders"
+"security.protocol" = "SASL_SSL"
+"sasl.mechanism" = "OAUTHBEARER"
+"sasl.oauthbearer.method" = "oidc"
+"sasl.oauthbearer.client.id" = "tessel"
+"sasl.oauthbearer.client.secret" = "client-s3cr3t"
+"sasl.oauthbearer.token.endpoint.url" = "https://idp-user:idp-s3cr3t@idp.example/token?key=idp-k3y"
+
+[connections.orders.schema_registry]
+url = "https://reg-user:reg-s3cr3t@registry.example/apis/ccompat/v7"
+
+[connections.orders.triggers.fraud]
+topics = ["payments"]
+workflow = "fraud-check"
+dispatcher = { url = "http://user:s3cr3t@127.0.0.1:8080/runs?token=t0ken-value&tenant=acme" }
+"#;
+        let c = crate::config::Config::from_toml_with_env(text, Vec::new()).unwrap();
+        let t = &c.connections["orders"].triggers["fraud"];
+        assert_eq!(t.dispatcher.url.expose().password(), Some("s3cr3t"));
+        let shown = format!(
+            "{}{c:?}{}",
+            toml::to_string_pretty(&c).unwrap(),
+            t.dispatcher.url
+        );
+        for secret in [
+            "s3cr3t",
+            "t0ken-value",
+            "reg-s3cr3t",
+            "idp-s3cr3t",
+            "idp-k3y",
+        ] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("tenant=acme"), "{shown}");
+    }
 }

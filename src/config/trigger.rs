@@ -51,7 +51,7 @@ pub struct TriggerConfig {
 #[serde(deny_unknown_fields)]
 pub struct DispatcherConfig {
     /// URL the event is POSTed to.
-    pub url: url::Url,
+    pub url: super::secret::Endpoint,
     /// Bearer token sent as `Authorization: Bearer …`.
     #[serde(default)]
     pub token: Option<Secret>,
@@ -102,7 +102,7 @@ fn serialize_headers<S: serde::Serializer>(
 impl std::fmt::Debug for DispatcherConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DispatcherConfig")
-            .field("url", &self.url.as_str())
+            .field("url", &self.url)
             .field("token", &self.token)
             .field("headers", &redacted_headers(&self.headers))
             .field("timeout_ms", &self.timeout_ms)
@@ -172,6 +172,10 @@ pub struct RetryConfig {
     /// applies (a registry replica can lag behind a producer). Default 60000.
     #[serde(default = "default_schema_not_found_ms")]
     pub schema_not_found_ms: u64,
+    /// The longest wait a dispatcher's `Retry-After` (seconds or an HTTP date) is honoured
+    /// for; a longer or absurd one waits this long. Default 300000 (5 minutes).
+    #[serde(default = "default_max_retry_after_ms")]
+    pub max_retry_after_ms: u64,
 }
 
 impl Default for RetryConfig {
@@ -181,12 +185,16 @@ impl Default for RetryConfig {
             max_backoff_ms: default_max_backoff_ms(),
             max_attempts: 0,
             schema_not_found_ms: default_schema_not_found_ms(),
+            max_retry_after_ms: default_max_retry_after_ms(),
         }
     }
 }
 
 fn default_schema_not_found_ms() -> u64 {
     60_000
+}
+fn default_max_retry_after_ms() -> u64 {
+    300_000
 }
 fn default_concurrency() -> usize {
     16

@@ -43,7 +43,7 @@ impl HttpDispatcher {
             .map_err(|e| e.to_string())?;
         Ok(Self {
             client,
-            url: config.url.clone(),
+            url: config.url.expose().clone(),
         })
     }
 
@@ -69,7 +69,7 @@ impl HttpDispatcher {
                     .headers()
                     .get(reqwest::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
-                    .and_then(parse_retry_after);
+                    .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
                 let body = if (200..300).contains(&status) {
                     String::new()
                 } else {
@@ -77,6 +77,9 @@ impl HttpDispatcher {
                 };
                 classify(status, &body, retry_after)
             }
+            Err(e) if e.is_builder() => DispatchOutcome::Invalid {
+                reason: crate::config::redact_text(&error_chain(&e.without_url())),
+            },
             Err(e) => DispatchOutcome::Retryable {
                 status: None,
                 reason: if e.is_timeout() {
@@ -84,10 +87,46 @@ impl HttpDispatcher {
                 } else if e.is_connect() {
                     "cannot connect to the dispatcher".to_owned()
                 } else {
-                    e.to_string()
+                    crate::config::redact_text(&error_chain(&e.without_url()))
                 },
                 retry_after: None,
             },
+        }
+    }
+}
+
+/// An error with its sources, one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_header_http_cannot_carry_is_invalid_not_retryable() {
+        let config: DispatcherConfig =
+            toml::from_str("url = \"http://u:s3cr3t@127.0.0.1:9/runs?token=t0k\"").unwrap();
+        let d = HttpDispatcher::try_new(&config).unwrap();
+        let outcome = d
+            .dispatch(b"{}".to_vec(), "kafka:g:t:0:1", Some("00-bad\n"))
+            .await;
+        match outcome {
+            DispatchOutcome::Invalid { reason } => {
+                assert!(
+                    !reason.contains("s3cr3t") && !reason.contains("t0k"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected Invalid, got {other:?}"),
         }
     }
 }

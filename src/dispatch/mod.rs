@@ -34,6 +34,12 @@ pub enum DispatchOutcome {
         /// The start of the answer body.
         reason: String,
     },
+    /// The request could not be built from this record (a header value that HTTP cannot
+    /// carry): no attempt can succeed, so the error policy applies at once.
+    Invalid {
+        /// What was wrong.
+        reason: String,
+    },
     /// 401 or 403: the trigger's dispatcher credentials are wrong.
     Unauthorized {
         /// HTTP status.
@@ -51,6 +57,7 @@ impl DispatchOutcome {
             Self::Retryable { .. } => "retryable",
             Self::Rejected { .. } => "rejected",
             Self::Unauthorized { .. } => "unauthorized",
+            Self::Invalid { .. } => "invalid",
         }
     }
 }

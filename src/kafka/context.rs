@@ -353,16 +353,48 @@ impl ConsumerContext for ConnectorContext {
         result: rdkafka::error::KafkaResult<()>,
         offsets: &TopicPartitionList,
     ) {
-        match result {
-            Ok(()) => {
-                crate::telemetry::metrics::commit(&self.connection, true);
-                tracing::debug!(connection = %self.connection, partitions = offsets.count(), "offsets committed");
+        let overall = match &result {
+            Ok(()) => None,
+            Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => return,
+            Err(e) => Some(e.to_string()),
+        };
+        crate::telemetry::metrics::commit(&self.connection, overall.is_none());
+        match &overall {
+            None => {
+                tracing::debug!(connection = %self.connection, partitions = offsets.count(), "offsets committed")
             }
-            Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-            Err(e) => {
-                crate::telemetry::metrics::commit(&self.connection, false);
-                tracing::warn!(connection = %self.connection, error = %e, "offset commit failed");
+            // The supervisor sends a refused commit again and says so once per refusal streak.
+            Some(e) => {
+                tracing::debug!(connection = %self.connection, error = %e, "offset commit refused")
             }
+        }
+        let results: Vec<super::committer::CommitResult> = offsets
+            .elements()
+            .iter()
+            .filter_map(|e| {
+                let rdkafka::Offset::Offset(offset) = e.offset() else {
+                    return None;
+                };
+                let refused = match e.error() {
+                    Err(err) => Some(err.to_string()),
+                    Ok(()) => overall.clone(),
+                };
+                Some(super::committer::CommitResult {
+                    tp: TopicPartition {
+                        topic: e.topic().to_owned(),
+                        partition: e.partition(),
+                    },
+                    offset,
+                    metadata: e.metadata().to_owned(),
+                    refused,
+                })
+            })
+            .collect();
+        // Never block here (a synchronous commit can call back from another thread while the
+        // supervisor waits on it): an answer that does not fit is made up for by the
+        // committer's resend of unanswered commits.
+        if !results.is_empty() && !self.is_closing() {
+            let _ = self.events.try_send(ConsumerEvent::Committed(results));
         }
     }
 }

@@ -14,6 +14,7 @@
 //! offsets ([`offsets`]) and spawns a task per started message ([`worker`]).
 //! A connection without triggers runs none of this, only [`produce_only`]'s health probe.
 
+pub mod committer;
 pub mod context;
 pub mod offsets;
 mod poll_loop;
@@ -36,8 +37,9 @@ use crate::event::TopicPartition;
 pub enum ConsumerEvent {
     /// A message.
     Message(OwnedMessage),
-    /// The consumer's next-read positions, after the messages before this event.
-    Positions(Vec<(TopicPartition, i64)>),
+    /// The consumer's next-read positions, after the messages before this event (None: no
+    /// position yet, as right after an assignment).
+    Positions(Vec<(TopicPartition, Option<i64>)>),
     /// Partitions were assigned (added, with cooperative rebalancing), with the group's
     /// committed offset and commit metadata when they could be read.
     Assigned(Vec<AssignedPartition>),
@@ -50,6 +52,8 @@ pub enum ConsumerEvent {
         /// Sent when the supervisor has drained and committed.
         ack: std::sync::mpsc::SyncSender<()>,
     },
+    /// The broker's answers to a commit (ours or librdkafka's auto-commit), per partition.
+    Committed(Vec<committer::CommitResult>),
     /// An error returned by poll.
     Error(KafkaError),
 }

@@ -17,6 +17,11 @@ use std::fmt::Write as _;
 /// Longest commit metadata written (brokers accept 4096 bytes by default).
 pub const MAX_METADATA_BYTES: usize = 2048;
 
+/// Most offsets tracked as handled above a gap (one key parked while later keys of its
+/// partition run). At this many the partition pauses and starts nothing new until the gap
+/// closes, so memory and the cost of a commit stay bounded however long a key is parked.
+pub const MAX_TRACKED_ABOVE: usize = 10_000;
+
 const METADATA_PREFIX: &str = "tk1:";
 
 /// Tracks outstanding offsets of one partition.
@@ -37,8 +42,11 @@ pub struct OffsetTracker {
 pub enum Received {
     /// Dispatch it.
     Dispatch,
-    /// The previous owner's commit metadata says it was accepted already.
+    /// The previous owner's commit metadata, or this owner, handled it already (librdkafka
+    /// can return a message again, for example after a fetch is restarted).
     AlreadyAccepted,
+    /// It was received before and is still waiting or in flight: not a second dispatch.
+    AlreadyReceived,
 }
 
 impl OffsetTracker {
@@ -54,7 +62,16 @@ impl OffsetTracker {
 
     /// A message at `offset` was received.
     pub fn received(&mut self, offset: i64) -> Received {
-        self.advance_next(offset + 1);
+        // Everything below `next` was received (or skipped by the consumer as a transaction
+        // marker or aborted record) in this assignment: a message there is a repeat delivery.
+        if self.next.is_some_and(|n| offset < n) {
+            return if self.outstanding.contains(&offset) {
+                Received::AlreadyReceived
+            } else {
+                Received::AlreadyAccepted
+            };
+        }
+        self.advance_next(offset.saturating_add(1));
         if self.handled_above.contains(&offset) {
             return Received::AlreadyAccepted;
         }
@@ -64,8 +81,16 @@ impl OffsetTracker {
 
     /// The message at `offset` was accepted or deliberately skipped.
     pub fn handled(&mut self, offset: i64) {
+        let was_first = self.outstanding.first() == Some(&offset);
         if self.outstanding.remove(&offset) {
             let _ = self.handled_above.insert(offset);
+            if was_first {
+                // The gap moved: what lies below the new first outstanding offset (or the next
+                // to read) is covered by the commit offset and need not be kept.
+                if let Some(floor) = self.outstanding.first().copied().or(self.next) {
+                    self.handled_above = self.handled_above.split_off(&floor);
+                }
+            }
         }
     }
 
@@ -82,9 +107,24 @@ impl OffsetTracker {
         self.next = Some(self.next.map_or(candidate, |n| n.max(candidate)));
     }
 
-    /// The offset that may be committed now, if any.
+    /// The offset that may be committed now, if any: the first outstanding offset, else the
+    /// next to read, moved past offsets already handled (listed in the previous owner's
+    /// metadata) so that the commit never names a handled offset as the next to dispatch.
     pub fn commit_offset(&self) -> Option<i64> {
-        self.outstanding.first().copied().or(self.next)
+        let mut offset = self.outstanding.first().copied().or(self.next)?;
+        for o in self.handled_above.range(offset..) {
+            if *o != offset {
+                break;
+            }
+            offset += 1;
+        }
+        Some(offset)
+    }
+
+    /// Whether the offsets handled above a gap reached [`MAX_TRACKED_ABOVE`]: the partition
+    /// should pause and start nothing new until the gap closes.
+    pub fn gap_full(&self) -> bool {
+        self.handled_above.len() >= MAX_TRACKED_ABOVE
     }
 
     /// The commit offset and its metadata, when they changed since the last call; records
@@ -103,8 +143,12 @@ impl OffsetTracker {
     /// The commit offset and its metadata now.
     pub fn commit(&mut self) -> Option<(i64, String)> {
         let offset = self.commit_offset()?;
-        // Offsets at or below the commit offset are covered by it.
-        self.handled_above = self.handled_above.split_off(&(offset + 1));
+        // Offsets below the commit offset are covered by it; a handled offset the commit
+        // moved past will be recognised by `next` when it arrives.
+        self.handled_above = self.handled_above.split_off(&offset);
+        if self.outstanding.is_empty() {
+            self.advance_next(offset);
+        }
         Some((offset, encode_metadata(offset, &self.handled_above)))
     }
 
@@ -146,6 +190,10 @@ fn encode_metadata(offset: i64, above: &BTreeSet<i64>) -> String {
     out
 }
 
+/// The most offsets one commit's metadata may name (a hostile or corrupt text naming more is
+/// ignored whole, as if absent: at-least-once still holds).
+const MAX_METADATA_OFFSETS: i64 = 1_000_000;
+
 /// The handled offsets recorded in `metadata`, if it was written for `offset`.
 pub fn parse_metadata(offset: i64, metadata: &str) -> BTreeSet<i64> {
     let mut set = BTreeSet::new();
@@ -158,12 +206,16 @@ pub fn parse_metadata(offset: i64, metadata: &str) -> BTreeSet<i64> {
     if base.parse::<i64>().ok() != Some(offset) {
         return set;
     }
+    // Metadata is untrusted text: what it may make us track is bounded in total, and no
+    // arithmetic on it can overflow.
+    let mut total: i64 = 0;
     for item in list.split(',').filter(|i| !i.is_empty()) {
         let (a, b) = item.split_once('-').unwrap_or((item, item));
         let (Ok(a), Ok(b)) = (a.parse::<i64>(), b.parse::<i64>()) else {
             return BTreeSet::new();
         };
-        if a < 1 || b < a || b - a > 1_000_000 {
+        total = total.saturating_add(b.saturating_sub(a).saturating_add(1));
+        if a < 1 || b < a || total > MAX_METADATA_OFFSETS || offset.checked_add(b).is_none() {
             return BTreeSet::new();
         }
         set.extend((a..=b).map(|d| offset + d));
@@ -204,6 +256,63 @@ mod tests {
             next.handled(o);
         }
         assert_eq!(next.take_new_commit(), Some((20, String::new())));
+    }
+
+    #[test]
+    fn a_handled_offset_equal_to_the_commit_offset_is_not_dispatched_again() {
+        // The previous owner handled 101-103 above a gap at 100.
+        let mut t = OffsetTracker::from_committed(Some(100), "tk1:100:1-3");
+        assert_eq!(t.received(100), Received::Dispatch);
+        t.handled(100);
+        assert_eq!(t.take_new_commit(), Some((104, String::new())));
+        for o in 101..=103 {
+            assert_eq!(t.received(o), Received::AlreadyAccepted, "offset {o}");
+        }
+        assert_eq!(t.received(104), Received::Dispatch);
+    }
+
+    #[test]
+    fn a_message_delivered_twice_is_dispatched_once() {
+        let mut t = OffsetTracker::default();
+        for o in 0..5 {
+            assert_eq!(t.received(o), Received::Dispatch);
+        }
+        t.handled(0);
+        t.handled(1);
+        let _ = t.take_new_commit();
+        // librdkafka returns 0..5 again (a fetch restarted from an older position).
+        assert_eq!(t.received(0), Received::AlreadyAccepted);
+        assert_eq!(t.received(1), Received::AlreadyAccepted);
+        assert_eq!(t.received(2), Received::AlreadyReceived);
+        t.handled(3);
+        assert_eq!(t.received(3), Received::AlreadyAccepted);
+        assert_eq!(t.received(5), Received::Dispatch);
+        assert_eq!(t.outstanding(), 3, "2, 4 and 5");
+    }
+
+    #[test]
+    fn offsets_tracked_above_a_gap_are_bounded() {
+        let mut t = OffsetTracker::default();
+        let _ = t.received(0); // parked
+        let mut o = 1;
+        while !t.gap_full() {
+            let _ = t.received(o);
+            t.handled(o);
+            o += 1;
+        }
+        assert_eq!(o as usize, MAX_TRACKED_ABOVE + 1);
+        let (offset, metadata) = t.take_new_commit().unwrap();
+        assert_eq!(offset, 0);
+        // Consecutive offsets encode as one range: the metadata describes all of them.
+        assert_eq!(metadata, format!("tk1:0:1-{MAX_TRACKED_ABOVE}"));
+        assert_eq!(
+            parse_metadata(0, &metadata).len(),
+            MAX_TRACKED_ABOVE,
+            "never dropped whole"
+        );
+        t.handled(0);
+        assert!(!t.gap_full());
+        assert_eq!(t.take_new_commit(), Some((o, String::new())));
     }
 
     #[test]

@@ -50,18 +50,18 @@ pub(crate) fn spawn_poll_loop(
                 if idle || last_positions.elapsed() >= POSITION_INTERVAL {
                     last_positions = Instant::now();
                     if let Ok(tpl) = consumer.position() {
-                        let positions: Vec<(TopicPartition, i64)> = tpl
+                        let positions: Vec<(TopicPartition, Option<i64>)> = tpl
                             .elements()
                             .iter()
-                            .filter_map(|e| match e.offset() {
-                                Offset::Offset(o) => Some((
-                                    TopicPartition {
-                                        topic: e.topic().to_owned(),
-                                        partition: e.partition(),
-                                    },
-                                    o,
-                                )),
-                                _ => None,
+                            .map(|e| {
+                                let tp = TopicPartition {
+                                    topic: e.topic().to_owned(),
+                                    partition: e.partition(),
+                                };
+                                match e.offset() {
+                                    Offset::Offset(o) => (tp, Some(o)),
+                                    _ => (tp, None),
+                                }
                             })
                             .collect();
                         if !positions.is_empty()

@@ -2,6 +2,7 @@
 //! starts workers within each trigger's concurrency, stores offsets as runs are accepted, and
 //! drains on revoke and shutdown.
 
+use futures::FutureExt as _;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::committer::{CommitResult, Committer};
 use super::context::ConnectorContext;
 use super::offsets::{OffsetTracker, Received};
 use super::scheduler::PartitionQueue;
@@ -62,9 +64,14 @@ struct PartitionState {
     generation: u64,
     queue: PartitionQueue<OwnedMessage>,
     tracker: OffsetTracker,
-    /// Positions are trusted only after a message of this assignment arrived (a position left
-    /// over from an earlier assignment of the partition could be ahead of what was handled).
+    /// Positions are trusted only after a message of this assignment arrived or librdkafka
+    /// showed it started from the commit (`position_reset`): a position left over from an
+    /// earlier assignment of the partition could be ahead of what was handled.
     received_any: bool,
+    /// librdkafka reported no position, or one at or before `start`, in this assignment.
+    position_reset: bool,
+    /// The group's committed offset when the partition was assigned.
+    start: Option<i64>,
     paused: bool,
     buffered_bytes: usize,
     /// Stops retries of this partition's messages (revoke, shutdown).
@@ -118,10 +125,17 @@ pub struct ConnectionSupervisor {
     dirty: HashSet<TopicPartition>,
     /// Partitions that had startable messages but no permit, by trigger name.
     starved: HashMap<String, HashSet<TopicPartition>>,
-    /// Commits stored but not yet sent; sent asynchronously, at most every COMMIT_INTERVAL.
-    unsent: HashMap<TopicPartition, (i64, String)>,
-    /// When the last asynchronous commit was sent.
-    last_commit: Instant,
+    /// Wanted commits, sent asynchronously at most every COMMIT_INTERVAL and again until the
+    /// broker confirms them (the commit rule: see [`super::committer`]).
+    committer: Committer,
+    /// New runs wait because the broker refuses commits (a rebalance).
+    holding: bool,
+    /// Requests to the commit thread (None before `run` and after shutdown began).
+    commit_requests: Option<std::sync::mpsc::Sender<CommitBatch>>,
+    /// The commit thread's answers.
+    commit_answers: mpsc::UnboundedReceiver<Vec<CommitResult>>,
+    commit_answers_tx: mpsc::UnboundedSender<Vec<CommitResult>>,
+    commit_thread: Option<std::thread::JoinHandle<()>>,
     /// Whether the global byte budget was exceeded at the last check.
     global_full: bool,
     /// Where readiness is reported.
@@ -169,6 +183,11 @@ const REGISTRY_PROBE: Duration = Duration::from_secs(5);
 /// offers again only what was accepted in that window; the broker sees at most 100 commits a
 /// second per connection, and none while nothing is accepted.
 const COMMIT_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The longest new runs wait while the broker refuses commits (a classic-protocol rebalance
+/// lasts until a dead member's session times out, 45 s by default): a broker that refuses for
+/// longer does not stop dispatching for ever.
+const COMMIT_HOLD_LIMIT: Duration = Duration::from_secs(60);
 
 /// Clients of one connection that the consumer and the produce API share: one registry
 /// client (one schema cache) and one idempotent producer.
@@ -249,10 +268,12 @@ impl ConnectionSupervisor {
                 backoff: Backoff::new(
                     Duration::from_millis(t.retry.initial_backoff_ms),
                     Duration::from_millis(t.retry.max_backoff_ms),
-                ),
+                )
+                .with_max_retry_after(Duration::from_millis(t.retry.max_retry_after_ms)),
                 decoder: decoder.clone(),
                 producer: producer.clone(),
                 throttle_until: std::sync::Mutex::new(None),
+                warned_traceparent: std::sync::atomic::AtomicBool::new(false),
                 stopped: std::sync::atomic::AtomicBool::new(false),
                 last_failure: std::sync::Mutex::new(None),
                 missing_permission: std::sync::Mutex::new(None),
@@ -276,6 +297,7 @@ impl ConnectionSupervisor {
                 source,
             })?;
         let (completions_tx, completions) = mpsc::unbounded_channel();
+        let (commit_answers_tx, commit_answers) = mpsc::unbounded_channel();
         Ok(Self {
             name: name.to_owned(),
             config: config.clone(),
@@ -289,8 +311,12 @@ impl ConnectionSupervisor {
             completions,
             dirty: HashSet::new(),
             starved: HashMap::new(),
-            unsent: HashMap::new(),
-            last_commit: Instant::now(),
+            committer: Committer::new(COMMIT_INTERVAL, COMMIT_HOLD_LIMIT),
+            holding: false,
+            commit_requests: None,
+            commit_answers,
+            commit_answers_tx,
+            commit_thread: None,
             global_full: false,
             health,
             registry_reachable: Arc::new(std::sync::atomic::AtomicBool::new(registry.is_none())),
@@ -326,6 +352,14 @@ impl ConnectionSupervisor {
             Arc::clone(&stop),
         )
         .map_err(|e| SupervisorError::Thread(self.name.clone(), e))?;
+        let (requests, thread) = spawn_commit_thread(
+            &self.name,
+            Arc::clone(&self.consumer),
+            self.commit_answers_tx.clone(),
+        )
+        .map_err(|e| SupervisorError::Thread(self.name.clone(), e))?;
+        self.commit_requests = Some(requests);
+        self.commit_thread = Some(thread);
 
         let mut stall_check = tokio::time::interval(STALL_CHECK);
         stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -340,7 +374,10 @@ impl ConnectionSupervisor {
                     self.check_stalls();
                     self.probe_paused_ends();
                 }
-                _ = tokio::time::sleep_until(self.last_commit + COMMIT_INTERVAL), if !self.unsent.is_empty() => {}
+                _ = sleep_until_opt(self.committer.next_due()) => {}
+                Some(answers) = self.commit_answers.recv() => {
+                    self.committer.on_answer(Instant::now(), &answers);
+                }
                 event = self.events.recv(), if self.pending_revoke.is_none() => match event {
                     Some(e) => self.on_event(e),
                     None => break,
@@ -349,6 +386,7 @@ impl ConnectionSupervisor {
             if self.pending_revoke.is_some() {
                 self.try_finish_revoke().await;
             }
+            self.update_hold();
             self.process_dirty();
             self.send_commits();
         }
@@ -361,16 +399,40 @@ impl ConnectionSupervisor {
             ConsumerEvent::Message(msg) => self.on_message(msg),
             ConsumerEvent::Positions(positions) => {
                 for (tp, pos) in positions {
-                    if let Some(p) = self.partitions.get_mut(&tp) {
-                        if p.received_any {
-                            p.tracker.position(pos);
-                            let _ = self.dirty.insert(tp);
-                        }
+                    let Some(p) = self.partitions.get_mut(&tp) else {
+                        continue;
+                    };
+                    // A position is trusted once librdkafka has started this assignment from
+                    // the group's commit: it reported no position yet, or one at or before
+                    // the committed offset, or returned a message. Until then it may be left
+                    // over from an earlier assignment and ahead of what was handled. Trusted
+                    // positions move the commit past transaction markers and aborted records
+                    // even when no message of this assignment ever arrives.
+                    match pos {
+                        None => p.position_reset = true,
+                        Some(o) if p.start.is_some_and(|s| o <= s) => p.position_reset = true,
+                        Some(_) => {}
+                    }
+                    if let (Some(o), true) = (pos, p.received_any || p.position_reset) {
+                        p.tracker.position(o);
+                        let _ = self.dirty.insert(tp);
                     }
                 }
             }
             ConsumerEvent::Assigned(assigned) => {
                 metrics::rebalance(&self.name, "assign");
+                self.committer.rebalanced();
+                // librdkafka can keep a partition's pause flag across revoke and re-assign;
+                // a new assignment starts unpaused, in librdkafka as in its state here.
+                let mut fresh = TopicPartitionList::new();
+                for a in &assigned {
+                    let _ = fresh.add_partition(&a.tp.topic, a.tp.partition);
+                }
+                if fresh.count() > 0 {
+                    if let Err(e) = self.consumer.resume(&fresh) {
+                        tracing::warn!(connection = %self.name, error = %e, "cannot resume newly assigned partitions");
+                    }
+                }
                 for a in assigned {
                     let tp = a.tp;
                     let Some(trigger) = self.triggers.get(&tp.topic).cloned() else {
@@ -384,6 +446,8 @@ impl ConnectionSupervisor {
                         generation: self.generation,
                         tracker: OffsetTracker::from_committed(a.committed, &a.metadata),
                         received_any: false,
+                        position_reset: false,
+                        start: a.committed,
                         paused: false,
                         buffered_bytes: 0,
                         drain: CancellationToken::new(),
@@ -425,6 +489,9 @@ impl ConnectionSupervisor {
                     deadline,
                 });
             }
+            ConsumerEvent::Committed(results) => {
+                self.committer.on_results(Instant::now(), &results);
+            }
             ConsumerEvent::Error(e) => {
                 self.consumer.context().note_error(&e, &e.to_string());
                 tracing::warn!(connection = %self.name, error = %e, "kafka consumer error");
@@ -443,11 +510,18 @@ impl ConnectionSupervisor {
             return;
         };
         p.received_any = true;
-        if p.tracker.received(msg.offset()) == Received::AlreadyAccepted {
-            let _ = self.dirty.insert(tp.clone());
-            metrics::handled(&self.name, &p.trigger.name, "already_accepted");
-            tracing::debug!(connection = %self.name, topic = %tp.topic, partition = tp.partition, offset = msg.offset(), "accepted before the last commit; not dispatched again");
-            return;
+        match p.tracker.received(msg.offset()) {
+            Received::Dispatch => {}
+            Received::AlreadyAccepted => {
+                let _ = self.dirty.insert(tp.clone());
+                metrics::handled(&self.name, &p.trigger.name, "already_accepted");
+                tracing::debug!(connection = %self.name, topic = %tp.topic, partition = tp.partition, offset = msg.offset(), "handled already; not dispatched again");
+                return;
+            }
+            Received::AlreadyReceived => {
+                tracing::debug!(connection = %self.name, topic = %tp.topic, partition = tp.partition, offset = msg.offset(), "delivered again while waiting or in flight; not dispatched twice");
+                return;
+            }
         }
         let bytes = msg_bytes(&msg);
         p.buffered_bytes += bytes;
@@ -543,13 +617,14 @@ impl ConnectionSupervisor {
             if let Some((offset, metadata)) = p.tracker.take_new_commit() {
                 p.last_progress = Instant::now();
                 add_commit(&mut store, &tp, offset, &metadata);
-                let _ = self.unsent.insert(tp.clone(), (offset, metadata));
+                self.committer.want(tp.clone(), offset, metadata);
             }
             let waiting = p.queue.waiting();
-            if !p.paused && (waiting >= per_partition || (full && waiting > 0)) {
+            let gap_full = p.tracker.gap_full();
+            if !p.paused && (waiting >= per_partition || (full && waiting > 0) || gap_full) {
                 p.paused = true;
                 let _ = pause.add_partition(&tp.topic, tp.partition);
-            } else if p.paused && waiting <= per_partition / 2 && !self.global_full {
+            } else if p.paused && waiting <= per_partition / 2 && !self.global_full && !gap_full {
                 p.paused = false;
                 let _ = resume.add_partition(&tp.topic, tp.partition);
             }
@@ -577,11 +652,16 @@ impl ConnectionSupervisor {
     /// Starts the messages of `tp` that ordering and the trigger's permits allow. Returns
     /// true when a message could have started but no permit was free.
     fn start_ready(&mut self, tp: &TopicPartition) -> bool {
+        if self.holding {
+            // Started when the broker accepts commits again (update_hold marks every
+            // partition dirty then).
+            return false;
+        }
         let Some(p) = self.partitions.get_mut(tp) else {
             return false;
         };
         loop {
-            if p.queue.waiting() == 0 {
+            if p.queue.waiting() == 0 || p.tracker.gap_full() {
                 return false;
             }
             let Ok(permit) = Arc::clone(&p.trigger.permits).try_acquire_owned() else {
@@ -620,9 +700,24 @@ impl ConnectionSupervisor {
             metrics::in_flight(&self.name, 1.0);
             let span = completion.span.clone();
             self.tasks.spawn(async move {
-                let outcome = worker::process(trigger, msg, Some(permit), drain, cancel, yielded)
-                    .instrument(span)
-                    .await;
+                let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
+                let (topic, partition, offset) = (msg.topic().to_owned(), msg.partition(), msg.offset());
+                // The worker contains panics of an attempt itself; this catches one in its own
+                // bookkeeping, so that the completion is always sent and the key never stays
+                // in flight. The record is then abandoned: not committed, offered again after
+                // the next rebalance or restart.
+                let outcome = std::panic::AssertUnwindSafe(
+                    worker::process(trigger, msg, Some(permit), drain, cancel, yielded)
+                        .instrument(span),
+                )
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    metrics::worker_panic(&connection, &name);
+                    tracing::error!(connection = %connection, trigger = %name, topic = %topic,
+                        partition, offset, "worker panicked outside an attempt; the record is left uncommitted");
+                    WorkOutcome::Abandoned
+                });
                 let _ = done.send(WorkerEvent::Finished(Completion {
                     outcome,
                     ..completion
@@ -631,20 +726,43 @@ impl ConnectionSupervisor {
         }
     }
 
-    /// Sends the stored commits asynchronously, at most every [`COMMIT_INTERVAL`], so the
-    /// group's committed offsets follow acceptance closely without a synchronous commit per
-    /// message. librdkafka's auto-commit of stored offsets is the backstop.
+    /// Sends the wanted commits that are due (new ones at most every [`COMMIT_INTERVAL`],
+    /// refused or unanswered ones again), asynchronously, in one request. librdkafka's
+    /// auto-commit of stored offsets is the backstop.
     fn send_commits(&mut self) {
-        if self.unsent.is_empty() || self.last_commit.elapsed() < COMMIT_INTERVAL {
+        let Some(requests) = &self.commit_requests else {
+            return;
+        };
+        let due = self.committer.take_due(Instant::now());
+        if due.is_empty() {
             return;
         }
-        self.last_commit = Instant::now();
-        let mut tpl = TopicPartitionList::new();
-        for (tp, (offset, metadata)) in self.unsent.drain() {
-            add_commit(&mut tpl, &tp, offset, &metadata);
+        if requests.send(due).is_err() {
+            tracing::error!(connection = %self.name, "the commit thread is gone; commits rely on auto-commit until restart");
+            self.commit_requests = None;
         }
-        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
-            tracing::debug!(connection = %self.name, error = %e, "cannot send commit; the next one covers it");
+    }
+
+    /// Starts or ends the hold on new runs while the broker refuses commits; when it ends,
+    /// every partition may start messages again.
+    fn update_hold(&mut self) {
+        let holding = self.committer.holding(Instant::now());
+        if holding == self.holding {
+            return;
+        }
+        self.holding = holding;
+        if holding {
+            let reason = self.committer.refusing().map(|(_, r)| r.to_owned());
+            tracing::warn!(connection = %self.name, error = reason.as_deref().unwrap_or(""),
+                "the broker refuses offset commits (a rebalance in progress?): new runs wait, refused commits are sent again");
+        } else {
+            if self.committer.refusing().is_some() {
+                tracing::warn!(connection = %self.name, limit_s = COMMIT_HOLD_LIMIT.as_secs(),
+                    "offset commits refused for too long: dispatching again; a crash now may offer accepted runs again");
+            } else {
+                tracing::info!(connection = %self.name, "offset commits accepted again: new runs start");
+            }
+            self.dirty.extend(self.partitions.keys().cloned());
         }
     }
 
@@ -700,7 +818,12 @@ impl ConnectionSupervisor {
                 if p.trigger.stopped.load(std::sync::atomic::Ordering::SeqCst) {
                     "trigger stopped by a configuration error".to_owned()
                 } else if let Some(failure) = p.trigger.recent_failure(after) {
-                    format!("key parked: a message is being retried ({failure})")
+                    match p.tracker.commit_offset() {
+                        Some(o) => format!(
+                            "key parked at offset {o}: a message is being retried ({failure})"
+                        ),
+                        None => format!("key parked: a message is being retried ({failure})"),
+                    }
                 } else if p.paused {
                     "paused: the partition's buffer is full".to_owned()
                 } else {
@@ -855,7 +978,7 @@ impl ConnectionSupervisor {
             if let Some(p) = self.partitions.remove(tp) {
                 p.cancel.cancel();
             }
-            let _ = self.unsent.remove(tp);
+            self.committer.forget(tp);
             let _ = self.dirty.remove(tp);
             for starved in self.starved.values_mut() {
                 let _ = starved.remove(tp);
@@ -902,6 +1025,12 @@ impl ConnectionSupervisor {
     }
 
     async fn shut_down(mut self, stop: Arc<AtomicBool>, poll_thread: std::thread::JoinHandle<()>) {
+        // The commit thread finishes its request and ends, so the final synchronous commit
+        // below is the last one the broker sees.
+        drop(self.commit_requests.take());
+        if let Some(t) = self.commit_thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
         tracing::info!(connection = %self.name, "stopping: draining runs in flight");
         for p in self.partitions.values_mut() {
             p.drain.cancel();
@@ -926,8 +1055,24 @@ impl ConnectionSupervisor {
         for p in self.partitions.values() {
             p.cancel.cancel();
         }
-        let tps: Vec<TopicPartition> = self.partitions.keys().cloned().collect();
+        let lost: HashSet<TopicPartition> = self
+            .pending_revoke
+            .as_ref()
+            .filter(|r| r.lost)
+            .map(|r| r.partitions.iter().cloned().collect())
+            .unwrap_or_default();
+        let tps: Vec<TopicPartition> = self
+            .partitions
+            .keys()
+            .filter(|tp| !lost.contains(*tp))
+            .cloned()
+            .collect();
         self.commit_sync(&tps).await;
+        // A revoke that arrived with the shutdown is complete now: release the poll thread's
+        // revoke callback at once instead of letting it wait for its deadline.
+        if let Some(r) = self.pending_revoke.take() {
+            let _ = r.ack.send(());
+        }
         self.consumer.context().set_closing();
         stop.store(true, AtomicOrdering::SeqCst);
         self.tasks.close();
@@ -938,6 +1083,60 @@ impl ConnectionSupervisor {
         let _ = tokio::task::spawn_blocking(move || poll_thread.join()).await;
         tracing::info!(connection = %self.name, "consumer closed");
     }
+}
+
+/// What the commit thread is asked to commit: partitions with offsets and metadata.
+type CommitBatch = Vec<(TopicPartition, i64, String)>;
+
+/// Starts the connection's commit thread: it commits each batch synchronously (one request
+/// at a time, off the runtime) and answers with the broker's verdict per partition, which an
+/// asynchronous manual commit never reports (see [`super::committer`]). It ends when the
+/// request sender is dropped.
+fn spawn_commit_thread(
+    connection: &str,
+    consumer: Arc<Consumer_>,
+    answers: mpsc::UnboundedSender<Vec<CommitResult>>,
+) -> std::io::Result<(
+    std::sync::mpsc::Sender<CommitBatch>,
+    std::thread::JoinHandle<()>,
+)> {
+    let (tx, rx) = std::sync::mpsc::channel::<CommitBatch>();
+    let name = connection.to_owned();
+    let handle = std::thread::Builder::new()
+        .name(format!("kafka-commit-{connection}"))
+        .spawn(move || {
+            while let Ok(batch) = rx.recv() {
+                let mut tpl = TopicPartitionList::new();
+                for (tp, offset, metadata) in &batch {
+                    add_commit(&mut tpl, tp, *offset, metadata);
+                }
+                let refused = match consumer.commit(&tpl, CommitMode::Sync) {
+                    Ok(())
+                    | Err(rdkafka::error::KafkaError::ConsumerCommit(
+                        rdkafka::types::RDKafkaErrorCode::NoOffset,
+                    )) => None,
+                    Err(e) => Some(e.to_string()),
+                };
+                metrics::commit(&name, refused.is_none());
+                if let Some(reason) = &refused {
+                    tracing::debug!(connection = %name, error = %reason, "offset commit refused");
+                }
+                let results = batch
+                    .into_iter()
+                    .map(|(tp, offset, metadata)| CommitResult {
+                        tp,
+                        offset,
+                        metadata,
+                        refused: refused.clone(),
+                    })
+                    .collect();
+                if answers.send(results).is_err() {
+                    break;
+                }
+            }
+            drop(consumer);
+        })?;
+    Ok((tx, handle))
 }
 
 fn add_commit(tpl: &mut TopicPartitionList, tp: &TopicPartition, offset: i64, metadata: &str) {

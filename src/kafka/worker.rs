@@ -18,6 +18,7 @@
 //! While waiting to retry, the message gives its concurrency permit back, so a failing key
 //! only parks itself: other keys keep the trigger's full concurrency.
 
+use futures::FutureExt as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -66,6 +67,8 @@ pub struct TriggerRuntime {
     pub stopped: AtomicBool,
     /// Why the trigger is stopped, or why its last attempt failed (and when).
     pub last_failure: Mutex<Option<(Instant, String)>>,
+    /// Whether an invalid `traceparent` header was logged already (once per trigger).
+    pub warned_traceparent: AtomicBool,
     /// A permission the broker refused the last dead-letter write for (`WRITE on topic T`),
     /// and when.
     pub missing_permission: Mutex<Option<(Instant, String)>>,
@@ -80,7 +83,11 @@ impl TriggerRuntime {
     }
 
     fn throttle(&self, delay: Duration) {
-        let until = Instant::now() + delay;
+        // `delay` is clamped to the largest backoff; the checked add keeps even a bug there from
+        // panicking on Instant arithmetic.
+        let Some(until) = Instant::now().checked_add(self.backoff.clamp(delay)) else {
+            return;
+        };
         let mut t = self
             .throttle_until
             .lock()
@@ -92,7 +99,7 @@ impl TriggerRuntime {
 
     fn failed(&self, reason: &str) {
         *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((Instant::now(), reason.to_owned()));
+            Some((Instant::now(), sanitize(reason)));
     }
 
     /// The permission the broker refused within `window`, named as the product page does.
@@ -193,6 +200,15 @@ pub async fn process(
 ) -> WorkOutcome {
     let id = event::idempotency_key(&trigger.group, msg.topic(), msg.partition(), msg.offset());
     let headers = event::headers_of(&msg);
+    if event::has_invalid_traceparent(&headers)
+        && !trigger.warned_traceparent.swap(true, Ordering::Relaxed)
+    {
+        tracing::warn!(
+            connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+            partition = msg.partition(), offset = msg.offset(),
+            "record carries a traceparent header that is not W3C trace context; ignored (said once per trigger)"
+        );
+    }
     let mut attempts = Attempts {
         total: 0,
         transient: 0,
@@ -200,17 +216,40 @@ pub async fn process(
     };
     loop {
         if let Some(until) = trigger.throttle_deadline().filter(|u| *u > Instant::now()) {
+            // A throttled trigger holds no permit while it waits: other triggers' keys and
+            // this trigger's retries compete for the permits as usual afterwards.
+            if permit.take().is_some() {
+                yielded();
+            }
             tokio::select! {
                 _ = drain.cancelled() => return WorkOutcome::Abandoned,
                 _ = tokio::time::sleep_until(until) => {}
             }
         }
+        if permit.is_none() {
+            match acquire_permit(&trigger, &drain).await {
+                Some(p) => permit = Some(p),
+                None => return WorkOutcome::Abandoned,
+            }
+        }
         attempts.total += 1;
-        let step = tokio::select! {
+        // A panic while decoding or dispatching (a decoder bug a record's bytes reach) is
+        // contained here: counted, logged with the record's coordinates, and treated as a
+        // failed attempt, so the retry policy and then `on_error` apply and the key moves.
+        let attempt = std::panic::AssertUnwindSafe(attempt_once(
+            &trigger,
+            &msg,
+            &id,
+            &headers,
+            &mut attempts,
+        ))
+        .catch_unwind();
+        let result = tokio::select! {
             biased;
             _ = cancel.cancelled() => return WorkOutcome::Abandoned,
-            s = attempt_once(&trigger, &msg, &id, &headers, &mut attempts) => s,
+            s = attempt => s,
         };
+        let step = result.unwrap_or_else(|panic| on_panic(&trigger, &msg, &*panic, &mut attempts));
         let retry_after = match step {
             Step::Done(outcome) => return outcome,
             Step::Retry { retry_after } => retry_after,
@@ -232,23 +271,64 @@ pub async fn process(
             _ = drain.cancelled() => return WorkOutcome::Abandoned,
             _ = tokio::time::sleep(delay) => {}
         }
-        // Retries do not queue for a permit: a queued waiter would take every permit that
-        // frees up ahead of the partition's fresh messages, and a key that keeps failing (or a
-        // schema the registry cannot serve) would starve the other keys. They try now and then.
-        permit = loop {
-            match Arc::clone(&trigger.permits).try_acquire_owned() {
-                Ok(p) => break Some(p),
-                Err(tokio::sync::TryAcquireError::Closed) => return WorkOutcome::Abandoned,
-                Err(tokio::sync::TryAcquireError::NoPermits) => {
-                    let pause = Duration::from_millis(10 + rand::random::<u64>() % 20);
-                    tokio::select! {
-                        _ = drain.cancelled() => return WorkOutcome::Abandoned,
-                        _ = tokio::time::sleep(pause) => {}
-                    }
+    }
+}
+
+/// A permit for a retry. Retries do not queue for a permit: a queued waiter would take every
+/// permit that frees up ahead of the partition's fresh messages, and a key that keeps failing
+/// (or a schema the registry cannot serve) would starve the other keys. They try now and
+/// then. None when draining.
+async fn acquire_permit(
+    trigger: &TriggerRuntime,
+    drain: &CancellationToken,
+) -> Option<OwnedSemaphorePermit> {
+    loop {
+        match Arc::clone(&trigger.permits).try_acquire_owned() {
+            Ok(p) => return Some(p),
+            Err(tokio::sync::TryAcquireError::Closed) => return None,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                let pause = Duration::from_millis(10 + rand::random::<u64>() % 20);
+                tokio::select! {
+                    _ = drain.cancelled() => return None,
+                    _ = tokio::time::sleep(pause) => {}
                 }
             }
-        };
+        }
     }
+}
+
+/// A panic inside one attempt: counted and logged; the attempt failed like a transient
+/// dispatch failure, so `retry.max_attempts` and then `on_error` decide.
+fn on_panic(
+    trigger: &TriggerRuntime,
+    msg: &OwnedMessage,
+    panic: &(dyn std::any::Any + Send),
+    attempts: &mut Attempts,
+) -> Step {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned());
+    metrics::worker_panic(&trigger.connection, &trigger.name);
+    attempts.transient += 1;
+    trigger.failed(&format!("worker panicked on a record: {what}"));
+    tracing::error!(
+        connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+        partition = msg.partition(), offset = msg.offset(), attempt = attempts.transient,
+        error = %sanitize(&what), "worker panicked while handling the record; it is retried per the trigger's retry policy, then on_error applies"
+    );
+    let budget = trigger.config.retry.max_attempts.max(1);
+    if attempts.transient >= budget {
+        return Step::Fail(Failure {
+            stage: "DISPATCH",
+            class: "worker_panic",
+            message: format!("worker panicked: {what}"),
+            status: None,
+            schema_id: None,
+        });
+    }
+    Step::Retry { retry_after: None }
 }
 
 async fn attempt_once(
@@ -258,6 +338,11 @@ async fn attempt_once(
     headers: &[event::EventHeader],
     attempts: &mut Attempts,
 ) -> Step {
+    // The broker tests' way to make a worker panic on one record.
+    #[cfg(feature = "kafka-integration-tests")]
+    if headers.iter().any(|h| h.name == "tessel-test-panic") {
+        panic!("test hook: the record carries a tessel-test-panic header");
+    }
     let decoding = tracing::info_span!(target: crate::telemetry::trace::TARGET, "decode");
     let (key, value) = match decode(trigger, msg).instrument(decoding).await {
         Ok(kv) => {
@@ -363,6 +448,23 @@ async fn attempt_once(
                 schema_id,
             })
         }
+        DispatchOutcome::Invalid { reason } => {
+            trigger.failed(&format!(
+                "record cannot be sent to the dispatcher: {reason}"
+            ));
+            tracing::warn!(
+                connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+                partition = msg.partition(), offset = msg.offset(), error = %reason,
+                "record cannot be sent to the dispatcher"
+            );
+            Step::Fail(Failure {
+                stage: "DISPATCH",
+                class: "request_invalid",
+                message: format!("request cannot be built: {reason}"),
+                status: None,
+                schema_id,
+            })
+        }
         DispatchOutcome::Unauthorized { status, reason } => {
             trigger.stop(&format!(
                 "dispatcher answered HTTP {status} (check dispatcher.token): {reason}"
@@ -382,7 +484,13 @@ fn on_decode_error(
     attempts: &mut Attempts,
 ) -> Step {
     metrics::decode_error(&trigger.connection, &trigger.name, e.class());
-    trigger.failed(&format!("cannot decode: {}", e.class()));
+    trigger.failed(&format!(
+        "cannot decode {}[{}] offset {}: {}",
+        msg.topic(),
+        msg.partition(),
+        msg.offset(),
+        e.class()
+    ));
     if matches!(e, DecodeError::Registry(_)) {
         metrics::registry_error(&trigger.connection, e.class());
     }
@@ -531,25 +639,16 @@ fn dead_letter_headers(
     h
 }
 
-/// One line, bounded, with any `scheme://user:secret@` credentials removed.
+/// One line, bounded, with credentials in URLs (user info, secret query values) removed.
 fn sanitize(message: &str) -> String {
-    let mut out: String = message
+    let one_line: String = message
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
-        .take(500)
         .collect();
-    while let Some(scheme) = out.find("://") {
-        let rest = &out[scheme + 3..];
-        let end = rest.find(['/', ' ', '"']).unwrap_or(rest.len());
-        match rest[..end].rfind('@') {
-            Some(at) => out.replace_range(scheme + 3..scheme + 3 + at + 1, "***@"),
-            None => break,
-        }
-        if out[scheme + 3..].starts_with("***@") {
-            break;
-        }
-    }
-    out
+    crate::config::redact_text(&one_line)
+        .chars()
+        .take(500)
+        .collect()
 }
 
 async fn decode(
@@ -579,6 +678,10 @@ mod tests {
         assert_eq!(
             sanitize("GET https://u:p4ss@host/x failed\nnext"),
             "GET https://***@host/x failed next"
+        );
+        assert_eq!(
+            sanitize("error sending request for url (http://user:s3cr3t@host/runs?token=abc&x=1)"),
+            "error sending request for url (http://***@host/runs?token=***&x=1)"
         );
         assert_eq!(sanitize("plain"), "plain");
         assert_eq!(sanitize(&"x".repeat(900)).len(), 500);

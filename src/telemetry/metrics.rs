@@ -54,6 +54,8 @@ pub const COMMITS: &str = "tessel_kafka_offset_commits_total";
 pub const REGISTRY_CACHE: &str = "tessel_kafka_registry_cache_lookups_total";
 /// Produce API and command requests, by HTTP status.
 pub const PRODUCE_REQUESTS: &str = "tessel_kafka_produce_requests_total";
+/// Worker tasks that panicked on a record, by connection and trigger.
+pub const WORKER_PANICS: &str = "tessel_kafka_worker_panics_total";
 
 /// Always 1, with the version and the librdkafka version as labels.
 pub const BUILD_INFO: &str = "tessel_kafka_build_info";
@@ -93,6 +95,7 @@ pub const INVENTORY: &[(&str, Kind, &str)] = &[
     (REGISTRY_CACHE, Kind::Counter, "Schema cache lookups, by connection and result (hit, miss)."),
     (PRODUCE_REQUESTS, Kind::Counter, "Produce API requests, by connection and HTTP status."),
     (BUILD_INFO, Kind::Gauge, "Always 1; the labels say which build is running."),
+    (WORKER_PANICS, Kind::Counter, "Worker tasks that panicked while handling a record, by trigger (contained; the record is retried, then on_error applies)."),
 ];
 
 /// Buckets of the dispatch latency, in seconds: a dispatcher answers in milliseconds to a few
@@ -230,6 +233,12 @@ pub fn decode_error(connection: &str, trigger: &str, class: &'static str) {
     counter!(DECODE_ERRORS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned(), "class" => class).increment(1);
 }
 
+/// A worker panicked on a record.
+pub fn worker_panic(connection: &str, trigger: &str) {
+    counter!(WORKER_PANICS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned())
+        .increment(1);
+}
+
 /// Runs in flight changed.
 pub fn in_flight(connection: &str, delta: f64) {
     gauge!(RUNS_IN_FLIGHT, "connection" => connection.to_owned()).increment(delta);
@@ -331,6 +340,7 @@ mod tests {
             producer_delivery("c", true, 0.002);
             produce_request("c", 200);
             brokers_up("c", true);
+            worker_panic("c", "tr");
         });
         consumer_lag("render-one-of-each", "t", 0, 7);
         let text = render(&handle);

@@ -6,6 +6,10 @@
 //! - `registry_auth`: Schema Registry basic and bearer auth, refusals, TLS file errors.
 //! - `deploy`: the Kubernetes manifests' structure (restricted pod security, probes,
 //!   resources, PDB/Service/ServiceMonitor/ScaledObject consistent with the workload).
+//! - `hermetic`: the real daemon against librdkafka's mock cluster and the dev dispatcher:
+//!   commits after acceptance, refused commits sent again, pauses across revoke and
+//!   re-assignment, a lost assignment, shutdown with a revoke pending. Seconds, no broker.
+//! - `config_builder`: the one builder of test configurations.
 //! - `compose`: `docker-compose.yml` validated by Docker Compose's loader (compose-go, through
 //!   `scripts/compose-check.sh`; needs Go, not Docker) and consistent with its connector config.
 //! - `broker`: tests against the real Kafka broker and Schema Registry started by
@@ -14,7 +18,9 @@
 
 mod cli;
 mod compose;
+mod config_builder;
 mod deploy;
+mod hermetic;
 mod oidc;
 mod registry_auth;
 mod support;

@@ -369,7 +369,7 @@ async fn a_dispatcher_down_for_60_seconds_loses_nothing_and_keeps_the_group() {
     // The default policy, with a dead-letter topic available to prove nothing is sent there;
     // a short poll interval would evict a consumer that stopped polling while it waits.
     let toml = connection_toml(&group, &topic, &d.url(), &format!("on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\n"))
-        .replace("\"auto.offset.reset\" = \"earliest\"\n", "\"auto.offset.reset\" = \"earliest\"\n\"max.poll.interval.ms\" = \"10000\"\n\"session.timeout.ms\" = \"6000\"\n")
+        .replace("\"auto.offset.reset\" = \"earliest\"\n", "\"auto.offset.reset\" = \"earliest\"\n\"max.poll.interval.ms\" = \"25000\"\n\"session.timeout.ms\" = \"6000\"\n")
         .replace("retry = { initial_backoff_ms = 50, max_backoff_ms = 500 }", "retry = { initial_backoff_ms = 200, max_backoff_ms = 5000 }");
     let config = temp_config(&format!(
         "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n{toml}"

@@ -12,6 +12,13 @@
 //!   stalls every other test that needs the registry, another reason to run alone.
 //! - Produce: no duplicates while the broker is paused past the request timeout (it stops
 //!   the broker with SIGSTOP), and the rate of a 100,000-record Avro batch produce.
+//! - Chaos (`chaos`): three replicas, one SIGKILLed and restarted every few seconds under
+//!   transactional traffic: nothing lost, no run from an aborted transaction, key order kept,
+//!   and repeats bounded by what was in flight or just accepted at each kill.
+
+// A file next to this one rather than measured/chaos.rs; inside `measured` so it runs alone.
+#[path = "chaos.rs"]
+mod chaos;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

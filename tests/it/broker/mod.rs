@@ -2,6 +2,7 @@
 
 mod demo;
 mod failures;
+mod hostile;
 mod measured;
 mod operations;
 mod ordering;

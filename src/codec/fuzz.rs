@@ -1,0 +1,88 @@
+//! Entry points of the fuzz targets (`tests/fuzz`): the pure parts that see untrusted bytes
+//! (framing, the three decoders with any registered schema, the dispatcher's answers, record
+//! headers, commit metadata). Each must return, whatever its input: never panic, overflow the
+//! stack or allocate without bound. A crash found by fuzzing becomes a unit test.
+
+use serde_json::Value as Json;
+
+use super::registry::{self, ResolvedSchema, SchemaType};
+use super::{wire, DecodeError, Decoder, Field};
+
+/// Decodes `payload` (a framed body without the 5-byte header: Protobuf bodies start with
+/// their message indexes) written with the schema `schema_text` of `schema_type`, as the
+/// consumer does. None when the schema itself does not compile (the registry would have
+/// refused it, and the connector reports it as `schema_invalid`).
+pub fn decode_with_schema(
+    schema_type: SchemaType,
+    schema_text: &str,
+    payload: &[u8],
+) -> Option<Result<Json, DecodeError>> {
+    let kind = registry::compile(1, schema_type, schema_text, &[]).ok()?;
+    let schema = ResolvedSchema {
+        id: 1,
+        kind,
+        subjects: Vec::new(),
+    };
+    Some(
+        Decoder::new(None)
+            .decode_resolved(&schema, payload, "fuzz", Field::Value)
+            .map(|d| d.value),
+    )
+}
+
+/// The Confluent framing of a whole record: magic byte, schema id, message indexes.
+pub fn framing(bytes: &[u8]) {
+    let _ = wire::looks_framed(bytes);
+    if let Ok(frame) = wire::parse_frame(bytes) {
+        let _ = wire::read_message_indexes(frame.body);
+    }
+    let _ = wire::read_message_indexes(bytes);
+}
+
+/// Schema-less formats (`json`, `string`, `bytes`, `auto` without a registry).
+pub fn schemaless(bytes: &[u8]) {
+    let d = Decoder::new(None);
+    for format in [
+        crate::config::PayloadFormat::Json,
+        crate::config::PayloadFormat::String,
+        crate::config::PayloadFormat::Bytes,
+    ] {
+        let _ = futures::executor::block_on(d.decode(format, Some(bytes), "fuzz", Field::Value));
+    }
+}
+
+/// What the connector does with a dispatcher's `Retry-After`, a record's `traceparent` and an
+/// error text that may carry URLs.
+pub fn dispatcher_answer(text: &str) {
+    let backoff = crate::dispatch::retry::Backoff::new(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(30),
+    );
+    if let Some(d) = crate::dispatch::retry::parse_retry_after(text, std::time::SystemTime::now()) {
+        let wait = backoff.delay(3, Some(d), 0.5);
+        let _ = tokio::time::Instant::now().checked_add(wait);
+        assert!(wait <= std::time::Duration::from_secs(300));
+    }
+    let headers = [crate::event::EventHeader {
+        name: "traceparent".into(),
+        value: Some(text.to_owned()),
+        encoding: "utf8",
+    }];
+    if let Some(tp) = crate::event::traceparent(&headers) {
+        assert!(reqwest::header::HeaderValue::from_str(tp).is_ok(), "{tp:?}");
+    }
+    let redacted = crate::config::redact_text(text);
+    assert!(!redacted.is_empty() || text.is_empty());
+}
+
+/// Commit metadata written by another member (or anyone with WRITE on the group).
+pub fn commit_metadata(offset: i64, metadata: &str) {
+    let set = crate::kafka::offsets::parse_metadata(offset, metadata);
+    assert!(set.len() <= 1_000_000);
+    let mut t = crate::kafka::offsets::OffsetTracker::from_committed(Some(offset), metadata);
+    for o in set.iter().take(64) {
+        let _ = t.received(*o);
+        t.handled(*o);
+    }
+    let _ = t.take_new_commit();
+}

@@ -1,0 +1,382 @@
+//! The commit rule, in one place (pure: no consumer, no clock of its own).
+//!
+//! 1. A partition's commit offset comes from its [`OffsetTracker`](super::offsets): the first
+//!    offset not yet handled (accepted, skipped or dead-lettered), with the offsets handled
+//!    above it in the metadata. Nothing else produces commit offsets.
+//! 2. A new commit is *wanted* as soon as the tracker's changes. Wanted commits go out in one
+//!    request at most every `interval` (10 ms), one request at a time, from the connection's
+//!    commit thread, off the runtime: never a commit per message. The thread waits for each
+//!    answer because librdkafka reports the result of an asynchronous manual commit to nobody
+//!    (only its log): without the answer a refused commit would be forgotten.
+//! 3. A wanted commit stays wanted until the broker confirms that exact offset and metadata.
+//!    One the broker refused (a rebalance: `ILLEGAL_GENERATION`, `REBALANCE_IN_PROGRESS`,
+//!    `UNKNOWN_MEMBER_ID`, a coordinator move, …) is sent again after a backoff, with the latest
+//!    state, until it is confirmed or its partition is revoked.
+//! 4. While the broker refuses commits, or a commit has been unanswered for
+//!    [`UNANSWERED_HOLD`], the supervisor starts no new run ([`Committer::holding`]): what is
+//!    accepted then could not be committed, and a crash would offer it again. The hold ends at
+//!    the first confirmed commit or a completed rebalance, or after `max_hold` so that a
+//!    broker refusing commits for ever does not stop dispatching for ever.
+//! 5. On revoke and shutdown the supervisor commits synchronously what the tracker holds then
+//!    (the latest state) and forgets the partition here.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::event::TopicPartition;
+
+/// A wanted commit whose answer never came is sent again after this long.
+pub const RESEND_AFTER: Duration = Duration::from_secs(1);
+
+/// A commit request unanswered this long holds new runs like a refusal (the coordinator is
+/// gone or the group is between generations).
+pub const UNANSWERED_HOLD: Duration = Duration::from_millis(500);
+
+/// First wait before a refused commit is sent again; doubles up to [`RETRY_MAX`].
+const RETRY_INITIAL: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+struct Wanted {
+    offset: i64,
+    metadata: String,
+    /// When it was last sent (None: not yet).
+    sent_at: Option<Instant>,
+    /// Not before this instant (after a refusal).
+    not_before: Option<Instant>,
+}
+
+/// The broker's answer for one partition's commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitResult {
+    /// The partition.
+    pub tp: TopicPartition,
+    /// The offset committed (or refused).
+    pub offset: i64,
+    /// Its metadata.
+    pub metadata: String,
+    /// None when committed; the broker's or librdkafka's reason when refused.
+    pub refused: Option<String>,
+}
+
+/// Wanted commits and what the broker said about them.
+#[derive(Debug)]
+pub struct Committer {
+    wanted: HashMap<TopicPartition, Wanted>,
+    interval: Duration,
+    max_hold: Duration,
+    last_send: Option<Instant>,
+    /// Since when the broker has been refusing commits (no confirmation since).
+    refusing_since: Option<Instant>,
+    /// Consecutive refusals, for the backoff.
+    refusals: u32,
+    /// The last refusal's reason, for logs and readiness.
+    last_refusal: Option<String>,
+    /// Since when the last request is out without an answer (one request at a time).
+    in_flight_since: Option<Instant>,
+}
+
+impl Committer {
+    /// Sends at most every `interval`; holds new runs for at most `max_hold` while refused.
+    pub fn new(interval: Duration, max_hold: Duration) -> Self {
+        Self {
+            wanted: HashMap::new(),
+            interval,
+            max_hold,
+            last_send: None,
+            refusing_since: None,
+            refusals: 0,
+            last_refusal: None,
+            in_flight_since: None,
+        }
+    }
+
+    /// The tracker of `tp` has a new commit offset.
+    pub fn want(&mut self, tp: TopicPartition, offset: i64, metadata: String) {
+        let not_before = self.wanted.get(&tp).and_then(|w| w.not_before);
+        let _ = self.wanted.insert(
+            tp,
+            Wanted {
+                offset,
+                metadata,
+                sent_at: None,
+                not_before,
+            },
+        );
+    }
+
+    /// `tp` was revoked or lost: its commits are no longer ours to send. With nothing left
+    /// to send there is nothing to hold runs for.
+    pub fn forget(&mut self, tp: &TopicPartition) {
+        let _ = self.wanted.remove(tp);
+        if self.wanted.is_empty() {
+            self.refusing_since = None;
+            self.refusals = 0;
+        }
+    }
+
+    /// A rebalance completed (partitions were assigned): the group is stable, commits of
+    /// the new generation are accepted. Wanted commits still go out.
+    pub fn rebalanced(&mut self) {
+        self.refusing_since = None;
+        self.refusals = 0;
+    }
+
+    /// Whether the commit of `tp` is still wanted (not confirmed).
+    pub fn is_wanted(&self, tp: &TopicPartition) -> bool {
+        self.wanted.contains_key(tp)
+    }
+
+    fn due_at(&self, w: &Wanted) -> Option<Instant> {
+        let mut due = match w.sent_at {
+            None => self.last_send.map_or(Instant::now(), |l| l + self.interval),
+            Some(sent) => sent + RESEND_AFTER,
+        };
+        if let Some(l) = self.last_send {
+            due = due.max(l + self.interval);
+        }
+        Some(w.not_before.map_or(due, |nb| nb.max(due)))
+    }
+
+    /// When something is next due to be sent, if anything is wanted (and no request is out).
+    pub fn next_due(&self) -> Option<Instant> {
+        if self.in_flight_since.is_some() {
+            return None;
+        }
+        self.wanted.values().filter_map(|w| self.due_at(w)).min()
+    }
+
+    /// The commits to send now (one request), marked as sent; nothing while a request is out.
+    pub fn take_due(&mut self, now: Instant) -> Vec<(TopicPartition, i64, String)> {
+        if self.in_flight_since.is_some() || self.last_send.is_some_and(|l| now < l + self.interval)
+        {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (tp, w) in &mut self.wanted {
+            let due = match w.sent_at {
+                None => true,
+                Some(sent) => now >= sent + RESEND_AFTER,
+            } && w.not_before.is_none_or(|nb| now >= nb);
+            if due {
+                w.sent_at = Some(now);
+                out.push((tp.clone(), w.offset, w.metadata.clone()));
+            }
+        }
+        if !out.is_empty() {
+            self.last_send = Some(now);
+            self.in_flight_since = Some(now);
+        }
+        out
+    }
+
+    /// The answer to the request [`Committer::take_due`] returned last.
+    pub fn on_answer(&mut self, now: Instant, results: &[CommitResult]) {
+        self.in_flight_since = None;
+        self.on_results(now, results);
+    }
+
+    /// The broker's answers (from the commit callback, for our commits and librdkafka's).
+    pub fn on_results(&mut self, now: Instant, results: &[CommitResult]) {
+        for r in results {
+            match &r.refused {
+                None => {
+                    self.refusing_since = None;
+                    self.refusals = 0;
+                    let confirmed = self
+                        .wanted
+                        .get(&r.tp)
+                        .is_some_and(|w| w.offset == r.offset && w.metadata == r.metadata);
+                    if confirmed {
+                        let _ = self.wanted.remove(&r.tp);
+                    }
+                }
+                Some(reason) => {
+                    // The broker refuses commits: hold new runs whatever this commit was.
+                    self.refusals = self.refusals.saturating_add(1);
+                    let _ = self.refusing_since.get_or_insert(now);
+                    self.last_refusal = Some(reason.clone());
+                    let backoff = RETRY_INITIAL
+                        .saturating_mul(1 << self.refusals.min(8).saturating_sub(1))
+                        .min(RETRY_MAX);
+                    let Some(w) = self.wanted.get_mut(&r.tp) else {
+                        continue;
+                    };
+                    // Whatever is wanted now (this commit, or a newer one) waits the backoff
+                    // and then goes out with the latest state.
+                    w.sent_at = None;
+                    w.not_before = Some(now + backoff);
+                }
+            }
+        }
+    }
+
+    /// Whether new runs should wait: the broker is refusing commits, since less than
+    /// `max_hold`.
+    pub fn holding(&self, now: Instant) -> bool {
+        let since = match (self.refusing_since, self.in_flight_since) {
+            (Some(r), _) => Some(r),
+            (None, Some(sent)) if now.saturating_duration_since(sent) >= UNANSWERED_HOLD => {
+                Some(sent)
+            }
+            _ => None,
+        };
+        since.is_some_and(|since| now.saturating_duration_since(since) < self.max_hold)
+    }
+
+    /// Since when commits have been refused, and the last reason.
+    pub fn refusing(&self) -> Option<(Instant, &str)> {
+        Some((self.refusing_since?, self.last_refusal.as_deref()?))
+    }
+
+    /// Partitions with a wanted, unconfirmed commit.
+    pub fn wanted_count(&self) -> usize {
+        self.wanted.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp(p: i32) -> TopicPartition {
+        TopicPartition {
+            topic: "t".into(),
+            partition: p,
+        }
+    }
+
+    fn ok(p: i32, offset: i64) -> CommitResult {
+        CommitResult {
+            tp: tp(p),
+            offset,
+            metadata: String::new(),
+            refused: None,
+        }
+    }
+
+    fn refused(p: i32, offset: i64) -> CommitResult {
+        CommitResult {
+            refused: Some("Broker: Specified group generation id is not valid".into()),
+            ..ok(p, offset)
+        }
+    }
+
+    const TICK: Duration = Duration::from_millis(10);
+
+    #[test]
+    fn sends_at_most_every_interval_and_batches_partitions() {
+        let mut c = Committer::new(TICK, Duration::from_secs(30));
+        let t0 = Instant::now();
+        c.want(tp(0), 5, String::new());
+        c.want(tp(1), 7, String::new());
+        let mut first = c.take_due(t0);
+        first.sort_by_key(|x| x.0.partition);
+        assert_eq!(
+            first,
+            vec![(tp(0), 5, String::new()), (tp(1), 7, String::new())]
+        );
+        c.want(tp(0), 6, String::new());
+        assert!(c.take_due(t0 + TICK).is_empty(), "one request at a time");
+        assert_eq!(c.next_due(), None);
+        c.on_answer(t0 + Duration::from_millis(3), &[ok(0, 5), ok(1, 7)]);
+        assert!(!c.is_wanted(&tp(1)));
+        assert_eq!(c.next_due(), Some(t0 + TICK));
+        assert!(
+            c.take_due(t0 + Duration::from_millis(5)).is_empty(),
+            "interval"
+        );
+        assert_eq!(c.take_due(t0 + TICK), vec![(tp(0), 6, String::new())]);
+    }
+
+    #[test]
+    fn a_confirmed_commit_is_no_longer_wanted_and_an_older_confirmation_changes_nothing() {
+        let mut c = Committer::new(TICK, Duration::from_secs(30));
+        let t0 = Instant::now();
+        c.want(tp(0), 5, String::new());
+        let _ = c.take_due(t0);
+        c.want(tp(0), 9, String::new());
+        c.on_answer(t0, &[ok(0, 5)]);
+        assert!(c.is_wanted(&tp(0)), "9 is not confirmed yet");
+        let _ = c.take_due(t0 + TICK);
+        c.on_answer(t0 + TICK, &[ok(0, 9)]);
+        assert!(!c.is_wanted(&tp(0)));
+        assert_eq!(c.next_due(), None);
+    }
+
+    #[test]
+    fn a_refused_commit_is_sent_again_with_backoff_until_confirmed_and_holds_new_runs() {
+        let mut c = Committer::new(TICK, Duration::from_secs(30));
+        let t0 = Instant::now();
+        c.want(tp(0), 5, String::new());
+        let _ = c.take_due(t0);
+        assert!(!c.holding(t0));
+        // Refused during a rebalance.
+        c.on_answer(t0 + TICK, &[refused(0, 5)]);
+        assert!(
+            c.holding(t0 + TICK),
+            "no new runs while commits are refused"
+        );
+        assert!(c.take_due(t0 + 2 * TICK).is_empty(), "backoff first");
+        let again = t0 + TICK + RETRY_INITIAL;
+        assert_eq!(c.take_due(again), vec![(tp(0), 5, String::new())]);
+        c.on_answer(again, &[refused(0, 5)]);
+        assert!(
+            c.take_due(again + RETRY_INITIAL).is_empty(),
+            "backoff doubles"
+        );
+        let third = again + 2 * RETRY_INITIAL;
+        // More was accepted meanwhile: the latest state is what goes out.
+        c.want(tp(0), 8, "tk1:8:2".into());
+        assert_eq!(c.take_due(third), vec![(tp(0), 8, "tk1:8:2".into())]);
+        c.on_answer(
+            third,
+            &[CommitResult {
+                metadata: "tk1:8:2".into(),
+                ..ok(0, 8)
+            }],
+        );
+        assert!(!c.is_wanted(&tp(0)));
+        assert!(!c.holding(third), "the group is stable again");
+    }
+
+    #[test]
+    fn a_refusal_holds_new_runs_even_when_a_newer_commit_is_wanted_already() {
+        let mut c = Committer::new(TICK, Duration::from_secs(30));
+        let t0 = Instant::now();
+        c.want(tp(0), 4, String::new());
+        let _ = c.take_due(t0);
+        c.want(tp(0), 5, String::new());
+        c.on_answer(t0 + TICK, &[refused(0, 4)]);
+        assert!(c.holding(t0 + TICK));
+        assert!(
+            c.take_due(t0 + 2 * TICK).is_empty(),
+            "the newer one waits the backoff"
+        );
+        assert_eq!(
+            c.take_due(t0 + TICK + RETRY_INITIAL),
+            vec![(tp(0), 5, String::new())]
+        );
+    }
+
+    #[test]
+    fn an_unanswered_request_holds_new_runs_and_a_hold_ends_after_its_limit() {
+        let mut c = Committer::new(TICK, Duration::from_secs(2));
+        let t0 = Instant::now();
+        c.want(tp(3), 1, String::new());
+        assert_eq!(c.take_due(t0).len(), 1);
+        assert!(!c.holding(t0 + Duration::from_millis(100)));
+        assert!(c.holding(t0 + UNANSWERED_HOLD), "no answer for 500 ms");
+        c.on_answer(t0 + RESEND_AFTER, &[refused(3, 1)]);
+        assert!(c.holding(t0 + RESEND_AFTER));
+        assert!(
+            !c.holding(t0 + RESEND_AFTER + Duration::from_secs(2)),
+            "the limit"
+        );
+        c.forget(&tp(3));
+        assert_eq!(c.next_due(), None);
+        assert!(!c.holding(t0 + RESEND_AFTER), "nothing left to commit");
+    }
+}

@@ -1,0 +1,7 @@
+#![no_main]
+//! Commit metadata (`tk1:<offset>:<ranges>`) as another member, or anyone, may have written it.
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|input: (i64, &str)| {
+    tessel_kafka::codec::fuzz::commit_metadata(input.0, input.1);
+});

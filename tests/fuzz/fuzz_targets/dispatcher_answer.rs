@@ -1,0 +1,7 @@
+#![no_main]
+//! Retry-After values, traceparent headers and URL redaction over arbitrary text.
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|text: &str| {
+    tessel_kafka::codec::fuzz::dispatcher_answer(text);
+});
