@@ -76,6 +76,12 @@ impl App {
             let addr = self.config.server.listen;
             let token = shutdown.clone();
             let produce = Arc::clone(&self.produce).router();
+            if let Some(handle) = metrics.clone() {
+                tracker.spawn(crate::telemetry::metrics::run_upkeep(
+                    handle,
+                    shutdown.clone(),
+                ));
+            }
             tracker.spawn(async move {
                 if let Err(e) = crate::admin::serve(addr, metrics, health, produce, token).await {
                     tracing::error!(%addr, error = %e, "admin server failed");

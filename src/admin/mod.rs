@@ -46,7 +46,7 @@ pub async fn serve(
 
 async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
     match state.metrics {
-        Some(h) => (StatusCode::OK, h.render()),
+        Some(h) => (StatusCode::OK, crate::telemetry::metrics::render(&h)),
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
             "metrics recorder not installed".to_owned(),

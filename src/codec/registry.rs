@@ -182,6 +182,8 @@ pub struct RegistryClient {
     cache: Mutex<HashMap<u32, Slot>>,
     /// Subject and version to schema id, with when it was learned (for `latest`).
     subjects: Mutex<HashMap<SubjectKey, (u32, std::time::Instant)>>,
+    /// The connection named in this client's metrics (empty outside the daemon).
+    connection: String,
 }
 
 /// A subject and a version (`None`: the latest).
@@ -301,7 +303,14 @@ impl RegistryClient {
             }),
             cache: Mutex::new(HashMap::new()),
             subjects: Mutex::new(HashMap::new()),
+            connection: String::new(),
         })
+    }
+
+    /// Names `connection` in this client's metrics.
+    pub fn for_connection(mut self, connection: &str) -> Self {
+        connection.clone_into(&mut self.connection);
+        self
     }
 
     /// The schema registered under `subject` at `version` (`None`: the latest), compiled.
@@ -338,12 +347,12 @@ impl RegistryClient {
             let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             match cache.get(&id) {
                 Some(Slot::Ready(hit)) => {
-                    crate::telemetry::metrics::registry_cache(true);
+                    crate::telemetry::metrics::registry_cache(&self.connection, true);
                     return Ok(Arc::clone(hit));
                 }
                 Some(Slot::Fetching(f)) => f.clone(),
                 None => {
-                    crate::telemetry::metrics::registry_cache(false);
+                    crate::telemetry::metrics::registry_cache(&self.connection, false);
                     let inner = Arc::clone(&self.inner);
                     let f = async move { inner.fetch(id).await.map(Arc::new) }
                         .boxed()

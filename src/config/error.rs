@@ -21,6 +21,18 @@ pub enum ConfigError {
         /// The key path, when known.
         key: Option<String>,
     },
+    /// The file is not valid TOML.
+    #[error("invalid config: {}{line}:{column}: {message}", file.as_deref().map(|f| format!("{f}:")).unwrap_or_default())]
+    Syntax {
+        /// The file, when the text was read from one.
+        file: Option<String>,
+        /// 1-based line of the error.
+        line: usize,
+        /// 1-based column (in characters) of the error.
+        column: usize,
+        /// What the parser said.
+        message: String,
+    },
     /// A value is present but not acceptable.
     #[error("invalid config at `{key}`: {reason}")]
     Invalid {

@@ -129,7 +129,7 @@ impl Config {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_toml_with_env(&text, env)
+        Self::from_source(&text, Some(&path.display().to_string()), env)
     }
 
     /// Parses TOML text, applies overrides from `env` and validates.
@@ -137,23 +137,34 @@ impl Config {
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
-        let mut doc: toml::Table =
-            text.parse()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    message: one_line(e.message()),
-                    key: None,
-                })?;
+        Self::from_source(text, None, env)
+    }
+
+    /// Parses `text` (read from `file`, named in syntax errors), applies overrides from `env`
+    /// and validates.
+    fn from_source(
+        text: &str,
+        file: Option<&str>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            let (line, column) = e
+                .span()
+                .map_or((1, 1), |span| line_and_column(text, span.start));
+            ConfigError::Syntax {
+                file: file.map(str::to_owned),
+                line,
+                column,
+                message: one_line(e.message()),
+            }
+        })?;
+        let mut overrides = Vec::new();
         for (name, value) in env {
-            apply_env_override(&mut doc, &name, value)?;
+            if let Some(o) = apply_env_override(&mut doc, &name, value)? {
+                overrides.push(o);
+            }
         }
-        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(doc))
-            .map_err(|e| {
-                let path = e.path().to_string();
-                ConfigError::Parse {
-                    message: one_line(&e.into_inner().to_string()),
-                    key: (path != ".").then_some(path),
-                }
-            })?;
+        let mut config = deserialize_with_overrides(doc, overrides)?;
         for (name, conn) in &mut config.connections {
             conn.normalize(name)?;
         }
@@ -163,6 +174,7 @@ impl Config {
 
     /// Cross-field rules that serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_log_level(&self.log.level)?;
         if self.connections.is_empty() {
             return Err(ConfigError::invalid(
                 "connections",
@@ -218,15 +230,114 @@ impl Config {
     }
 }
 
+/// The 1-based line and column (in characters) of byte `offset` of `text`.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    (line, column)
+}
+
+/// The tracing levels a `log.level` directive may name.
+const LOG_LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
+
+/// `log.level` is a tracing filter: `level` or `target=level` directives, comma-separated.
+/// A bare word that is not a level would silently select a target instead, so it is refused.
+fn validate_log_level(level: &str) -> Result<(), ConfigError> {
+    let refuse = |reason: String| ConfigError::invalid("log.level", reason);
+    if level.trim().is_empty() {
+        return Err(refuse("empty; use a level such as \"info\"".to_owned()));
+    }
+    for directive in level.split(',').map(str::trim) {
+        let named = match directive.rsplit_once('=') {
+            Some((_, lvl)) => lvl,
+            None if directive.contains(['[', '{']) => continue,
+            None => directive,
+        };
+        if !LOG_LEVELS
+            .iter()
+            .any(|l| l.eq_ignore_ascii_case(named.trim()))
+        {
+            return Err(refuse(format!(
+                "unknown level {named:?} in {directive:?}; use one of {} (optionally as target=level)",
+                LOG_LEVELS.join(", ")
+            )));
+        }
+    }
+    tracing_subscriber::EnvFilter::builder()
+        .parse(level)
+        .map(drop)
+        .map_err(|e| refuse(one_line(&e.to_string())))
+}
+
+/// An environment override, at its key path, inserted as a string.
+struct EnvOverride {
+    /// The key path as serde reports it (`connections.orders.drain_timeout_ms`).
+    path: String,
+    /// The table segments leading to the value.
+    segments: Vec<String>,
+    /// The variable's text.
+    value: String,
+}
+
+/// Deserializes `doc`. Environment values go in as strings (so `007` stays `007` in a
+/// `group.id` or a password); one whose field wants a number, a boolean or a list, as serde
+/// reports at its path, is parsed as TOML and tried again.
+fn deserialize_with_overrides(
+    mut doc: toml::Table,
+    mut overrides: Vec<EnvOverride>,
+) -> Result<Config, ConfigError> {
+    loop {
+        let e = match serde_path_to_error::deserialize(toml::Value::Table(doc.clone())) {
+            Ok(config) => return Ok(config),
+            Err(e) => e,
+        };
+        let path = e.path().to_string();
+        let message = one_line(&e.into_inner().to_string());
+        let wants_other_type = message.starts_with("invalid type: string");
+        match overrides.iter().position(|o| o.path == path) {
+            Some(i) if wants_other_type => {
+                let o = overrides.swap_remove(i);
+                set_value(&mut doc, &o.segments, parse_env_value(&o.value));
+            }
+            _ => {
+                return Err(ConfigError::Parse {
+                    message,
+                    key: (path != ".").then_some(path),
+                })
+            }
+        }
+    }
+}
+
+/// Sets the value at `segments`, which [`apply_env_override`] created.
+fn set_value(doc: &mut toml::Table, segments: &[String], value: toml::Value) {
+    let Some((last, parents)) = segments.split_last() else {
+        return;
+    };
+    let mut table = doc;
+    for seg in parents {
+        match table.get_mut(seg) {
+            Some(toml::Value::Table(t)) => table = t,
+            _ => return,
+        }
+    }
+    let _ = table.insert(last.clone(), value);
+}
+
 /// `TESSEL_KAFKA__A__B__C=value` sets `a.b.c`. Within a connection's `kafka` table the last
-/// segment is a Kafka property, where `_` stands for `.`. Values are parsed as TOML when they
-/// look like a TOML scalar or array, else taken as a string.
-fn apply_env_override(doc: &mut toml::Table, name: &str, value: String) -> Result<(), ConfigError> {
+/// segment is a Kafka property, where `_` stands for `.`. The value is inserted as a string;
+/// [`deserialize_with_overrides`] parses it when its field is a number, boolean or list.
+fn apply_env_override(
+    doc: &mut toml::Table,
+    name: &str,
+    value: String,
+) -> Result<Option<EnvOverride>, ConfigError> {
     let Some(rest) = name
         .strip_prefix(ENV_PREFIX)
         .and_then(|r| r.strip_prefix("__"))
     else {
-        return Ok(());
+        return Ok(None);
     };
     let mut segments: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
     if segments.iter().any(String::is_empty) {
@@ -247,7 +358,6 @@ fn apply_env_override(doc: &mut toml::Table, name: &str, value: String) -> Resul
     {
         segments[4] = segments[4].replace('_', ".");
     }
-    let parsed = parse_env_value(&value);
     let (last, parents) = segments.split_last().expect("at least one segment");
     let mut table = doc;
     for seg in parents {
@@ -264,28 +374,31 @@ fn apply_env_override(doc: &mut toml::Table, name: &str, value: String) -> Resul
             }
         };
     }
-    let _ = table.insert(last.clone(), parsed);
-    Ok(())
+    let _ = table.insert(last.clone(), toml::Value::String(value.clone()));
+    Ok(Some(EnvOverride {
+        path: segments.join("."),
+        segments,
+        value,
+    }))
 }
 
+/// An environment value for a field that is not a string: a TOML number, boolean or array
+/// (`30000`, `true`, `["a", "b"]`); anything else stays a string, and the field's type error
+/// names the variable's key.
 fn parse_env_value(value: &str) -> toml::Value {
     let trimmed = value.trim();
-    if trimmed.starts_with('[') || trimmed == "true" || trimmed == "false" {
-        if let Ok(mut t) = format!("v = {trimmed}").parse::<toml::Table>() {
-            if let Some(v) = t.remove("v") {
-                return v;
-            }
-        }
-    }
-    if let Ok(n) = trimmed.parse::<i64>() {
-        return toml::Value::Integer(n);
-    }
-    toml::Value::String(value.to_owned())
+    format!("v = {trimmed}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_owned()))
 }
 
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+#[cfg(test)]
+mod loading_tests;
 #[cfg(test)]
 mod tests;

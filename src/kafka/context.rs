@@ -47,6 +47,12 @@ pub struct ConnectorContext {
     /// End offsets (last stable offsets) of paused partitions, queried by the supervisor: a
     /// paused partition is not fetched, so the statistics' end offset stops moving.
     paused_ends: Mutex<HashMap<(String, i32), i64>>,
+    /// Assigned partitions, by topic, whose lag is reported; with, when the consumer starts at
+    /// the end, the end offset first seen (where it started reading).
+    assigned: Mutex<HashMap<String, HashMap<i32, Option<i64>>>>,
+    /// Whether a partition without a committed offset is read from its end
+    /// (`auto.offset.reset` latest), rather than from its beginning.
+    start_at_end: bool,
 }
 
 impl ConnectorContext {
@@ -67,6 +73,49 @@ impl ConnectorContext {
             connect_failure: Mutex::new(None),
             authorization_refused: AtomicBool::new(false),
             paused_ends: Mutex::new(HashMap::new()),
+            assigned: Mutex::new(HashMap::new()),
+            start_at_end: false,
+        }
+    }
+
+    /// Says where the group starts reading a partition it never committed: at its end when
+    /// `auto_offset_reset` is `latest` (or `largest`, `end`), else at its beginning. Lag
+    /// before the first commit counts from there.
+    pub(crate) fn with_offset_reset(mut self, auto_offset_reset: Option<&str>) -> Self {
+        self.start_at_end = auto_offset_reset.is_some_and(|r| {
+            ["latest", "largest", "end"]
+                .iter()
+                .any(|e| r.eq_ignore_ascii_case(e))
+        });
+        self
+    }
+
+    /// Partitions were assigned: their lag is reported from the next statistics.
+    fn track_lag(&self, tpl: &TopicPartitionList) {
+        let mut assigned = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        for e in tpl.elements() {
+            let _ = assigned
+                .entry(e.topic().to_owned())
+                .or_default()
+                .insert(e.partition(), None);
+        }
+    }
+
+    /// Partitions are revoked: their lag series go away (the new owner reports them).
+    fn forget_lag(&self, tpl: &TopicPartitionList) {
+        let mut assigned = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        for e in tpl.elements() {
+            if let Some(partitions) = assigned.get_mut(e.topic()) {
+                let _ = partitions.remove(&e.partition());
+                if partitions.is_empty() {
+                    let _ = assigned.remove(e.topic());
+                }
+            }
+            crate::telemetry::metrics::remove_consumer_lag(
+                &self.connection,
+                e.topic(),
+                e.partition(),
+            );
         }
     }
 
@@ -124,12 +173,17 @@ impl ConnectorContext {
     }
 }
 
-/// A partition's lag: its end (the statistics' last stable offset, or the one queried for a
-/// paused partition when that is further) minus its committed offset; None while either is
-/// unknown.
-fn lag(ls_offset: i64, queried_end: Option<i64>, committed: i64) -> Option<i64> {
-    let end = ls_offset.max(queried_end.unwrap_or(-1));
-    (end >= 0 && committed >= 0).then(|| (end - committed).max(0))
+/// A partition's end: the statistics' last stable offset, or the one queried for a paused
+/// partition when that is further; negative while unknown.
+fn end_offset(ls_offset: i64, queried_end: Option<i64>) -> i64 {
+    ls_offset.max(queried_end.unwrap_or(-1))
+}
+
+/// A partition's lag: its end minus its committed offset or, before the group's first commit,
+/// minus where the consumer started (`start`); None while either is unknown.
+fn lag(end: i64, committed: i64, start: i64) -> Option<i64> {
+    let from = if committed >= 0 { committed } else { start };
+    (end >= 0 && from >= 0).then(|| (end - from).max(0))
 }
 
 pub(crate) fn partitions_of(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
@@ -163,8 +217,9 @@ impl ClientContext for ConnectorContext {
         log_to_tracing(c, level, fac, log_message);
     }
 
-    /// librdkafka's statistics: broker reachability for readiness, consumer lag per partition
-    /// (the last stable offset, as reads are read_committed, minus the committed offset).
+    /// librdkafka's statistics: broker reachability for readiness, consumer lag per assigned
+    /// partition (the last stable offset, as reads are read_committed, minus the committed
+    /// offset, or minus where the consumer started before the first commit).
     fn stats(&self, stats: rdkafka::Statistics) {
         let up = stats
             .brokers
@@ -179,18 +234,34 @@ impl ClientContext for ConnectorContext {
                 .unwrap_or_else(|p| p.into_inner()) = None;
         }
         let paused_ends = self.paused_ends.lock().unwrap_or_else(|p| p.into_inner());
+        let mut assigned = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         for (topic, t) in &stats.topics {
+            // Statistics also list partitions of the topics that are not (or no longer)
+            // assigned here.
+            let Some(assigned) = assigned.get_mut(topic.as_str()) else {
+                continue;
+            };
             for (partition, p) in &t.partitions {
-                if *partition < 0 {
+                let Some(started_at_end) = assigned.get_mut(partition) else {
                     continue;
-                }
+                };
                 // Usually nothing is paused: no key is built then.
                 let queried = if paused_ends.is_empty() {
                     None
                 } else {
                     paused_ends.get(&(topic.clone(), *partition)).copied()
                 };
-                if let Some(lag) = lag(p.ls_offset, queried, p.committed_offset) {
+                let end = end_offset(p.ls_offset, queried);
+                let start = if self.start_at_end {
+                    if started_at_end.is_none() && end >= 0 {
+                        *started_at_end = Some(end);
+                    }
+                    started_at_end.unwrap_or(-1)
+                } else {
+                    // Read from the beginning: the log start offset, from fetch responses.
+                    p.lo_offset
+                };
+                if let Some(lag) = lag(end, p.committed_offset, start) {
                     crate::telemetry::metrics::consumer_lag(
                         &self.connection,
                         topic,
@@ -219,6 +290,7 @@ impl ConsumerContext for ConnectorContext {
         let Rebalance::Revoke(tpl) = rebalance else {
             return;
         };
+        self.forget_lag(tpl);
         if self.is_closing() || tpl.count() == 0 {
             return;
         }
@@ -237,6 +309,7 @@ impl ConsumerContext for ConnectorContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) if !self.is_closing() && tpl.count() > 0 => {
+                self.track_lag(tpl);
                 // Read the commit metadata before any message of these partitions is returned
                 // (messages are returned by poll, on this thread, after this callback).
                 let committed = consumer.committed_offsets((*tpl).clone(), COMMITTED_TIMEOUT);
@@ -350,18 +423,28 @@ pub(crate) fn log_to_tracing(c: &str, level: RDKafkaLogLevel, fac: &str, log_mes
 
 #[cfg(test)]
 mod tests {
-    use super::lag;
+    use super::{end_offset, lag};
 
     #[test]
-    fn lag_uses_the_further_end_and_waits_for_both_offsets() {
-        assert_eq!(lag(100, None, 40), Some(60));
+    fn the_end_is_the_further_of_statistics_and_query() {
+        assert_eq!(end_offset(100, None), 100);
         // Paused: the statistics' end is stale, the queried one is further.
-        assert_eq!(lag(50, Some(500), 0), Some(500));
+        assert_eq!(end_offset(50, Some(500)), 500);
         // Resumed: fetches moved past what was queried.
-        assert_eq!(lag(700, Some(500), 600), Some(100));
-        assert_eq!(lag(-1, None, 10), None);
-        assert_eq!(lag(-1, Some(20), 10), Some(10));
-        assert_eq!(lag(100, None, -1001), None);
-        assert_eq!(lag(100, None, 120), Some(0));
+        assert_eq!(end_offset(700, Some(500)), 700);
+        assert_eq!(end_offset(-1, None), -1);
+        assert_eq!(end_offset(-1001, Some(20)), 20);
+    }
+
+    #[test]
+    fn lag_counts_from_the_commit_or_else_from_the_start() {
+        assert_eq!(lag(100, 40, 0), Some(60));
+        assert_eq!(lag(100, 120, 0), Some(0));
+        // Nothing committed yet (a group stuck on its first record): from where it started.
+        assert_eq!(lag(100, -1001, 0), Some(100));
+        assert_eq!(lag(100, -1001, 30), Some(70));
+        // Unknown end or unknown start: no value yet.
+        assert_eq!(lag(-1, 10, 0), None);
+        assert_eq!(lag(100, -1001, -1001), None);
     }
 }

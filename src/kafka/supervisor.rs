@@ -208,12 +208,14 @@ impl SharedClients {
         produces: bool,
     ) -> Result<Self, SupervisorError> {
         let registry = match &config.schema_registry {
-            Some(r) => Some(Arc::new(RegistryClient::try_new(r).map_err(|e| {
-                SupervisorError::Setup {
-                    connection: name.to_owned(),
-                    reason: format!("schema registry client: {e}"),
-                }
-            })?)),
+            Some(r) => Some(Arc::new(
+                RegistryClient::try_new(r)
+                    .map_err(|e| SupervisorError::Setup {
+                        connection: name.to_owned(),
+                        reason: format!("schema registry client: {e}"),
+                    })?
+                    .for_connection(name),
+            )),
             None => None,
         };
         let dead_letters = config
@@ -286,7 +288,8 @@ impl ConnectionSupervisor {
             .map_err(|e| setup(format!("AWS_MSK_IAM: {e}")))?
             .map(Arc::new);
         let context =
-            ConnectorContext::new(name.to_owned(), events_tx.clone(), revoke_wait, signer);
+            ConnectorContext::new(name.to_owned(), events_tx.clone(), revoke_wait, signer)
+                .with_offset_reset(config.kafka.get("auto.offset.reset").map(String::as_str));
         let consumer: Consumer_ = consumer_config(name, config)
             .create_with_context(context)
             .map_err(|source| SupervisorError::Kafka {

@@ -492,7 +492,7 @@ fn on_decode_error(
         e.class()
     ));
     if matches!(e, DecodeError::Registry(_)) {
-        metrics::registry_error(e.class());
+        metrics::registry_error(&trigger.connection, e.class());
     }
     tracing::warn!(
         connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),

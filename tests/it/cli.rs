@@ -167,3 +167,24 @@ fn example_configs_pass_config_check_without_printing_secrets() {
     }
     assert_eq!(checked, 8, "an example is missing");
 }
+
+#[test]
+fn a_toml_syntax_error_names_the_file_line_and_column() {
+    let text = GOOD.replace("workflow = \"w\"", "workflow = \"w");
+    let path = temp_config(&text);
+    let out = Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run binary");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = 1 + text.lines().position(|l| l == "workflow = \"w").unwrap();
+    let at = format!("{}:{line}:", path.display());
+    assert!(stderr.contains(&at), "{at} not in {stderr}");
+}
+
+#[test]
+fn an_unknown_log_level_is_refused() {
+    assert_refused(&format!("[log]\nlevel = \"inof\"\n{GOOD}"), "log.level");
+}

@@ -145,6 +145,22 @@ fn compose_file_and_connector_config_tell_the_same_story() {
     assert_eq!(connector["ports"][0]["target"], admin_port, "{listen}");
     assert!(dockerfile.contains(&format!("http://127.0.0.1:{admin_port}/healthz")));
 
+    // `docker compose stop` waits longer than the drain before it kills the connector
+    // (Docker's default is 10 s, a third of the default drain).
+    let grace =
+        humantime_serde::re::humantime::parse_duration(str_at(connector, "/stop_grace_period"))
+            .expect("stop_grace_period is a duration");
+    let loaded = tessel_kafka::config::Config::from_toml_with_env(
+        &std::fs::read_to_string(repo().join("config/compose/tessel-kafka.toml")).unwrap(),
+        Vec::new(),
+    )
+    .expect("the compose config loads");
+    let drain = loaded.connections["demo"].drain_timeout_ms;
+    assert!(
+        grace > std::time::Duration::from_millis(drain),
+        "stop_grace_period {grace:?} does not outlast drain_timeout_ms {drain}"
+    );
+
     // Kafka: the bootstrap address is the broker service's advertised PLAINTEXT listener.
     let bootstrap = toml_str(demo, &["kafka", "bootstrap.servers"]);
     let (host, port) = bootstrap.split_once(':').expect("host:port");

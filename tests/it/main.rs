@@ -4,6 +4,8 @@
 //! - `cli`: the binary's behaviour that needs no broker (config errors).
 //! - `oidc`: OAUTHBEARER OIDC token fetching against a local token endpoint (no broker).
 //! - `registry_auth`: Schema Registry basic and bearer auth, refusals, TLS file errors.
+//! - `deploy`: the Kubernetes manifests' structure (restricted pod security, probes,
+//!   resources, PDB/Service/ServiceMonitor/ScaledObject consistent with the workload).
 //! - `hermetic`: the real daemon against librdkafka's mock cluster and the dev dispatcher:
 //!   commits after acceptance, refused commits sent again, pauses across revoke and
 //!   re-assignment, a lost assignment, shutdown with a revoke pending. Seconds, no broker.
@@ -17,6 +19,7 @@
 mod cli;
 mod compose;
 mod config_builder;
+mod deploy;
 mod hermetic;
 mod oidc;
 mod registry_auth;

@@ -8,6 +8,7 @@ mod operations;
 mod ordering;
 mod pipeline;
 mod produce;
+mod prometheus;
 mod restart;
 mod security;
 mod smoke;

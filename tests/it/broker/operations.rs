@@ -109,15 +109,67 @@ async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
         metric_sum(&text, "tessel_kafka_messages_consumed_total", &[]) as usize,
         3000
     );
-    for name in [
-        "tessel_kafka_dispatch_duration_seconds_count",
-        "tessel_kafka_end_to_end_latency_seconds_count",
-        "tessel_kafka_offset_commits_total",
-        "tessel_kafka_rebalances_total",
-        "tessel_kafka_assigned_partitions",
-        "tessel_kafka_brokers_up",
+    // Every attempt is one dispatch latency observation, every acceptance one end-to-end one,
+    // each in a bucket (a histogram, not a summary).
+    let trigger = ["trigger=\"main\""];
+    for (series, want) in [
+        ("tessel_kafka_dispatch_duration_seconds_count", attempts),
+        ("tessel_kafka_dispatch_duration_seconds_bucket", attempts),
+        ("tessel_kafka_end_to_end_latency_seconds_count", 3000.0),
+        ("tessel_kafka_end_to_end_latency_seconds_bucket", 3000.0),
     ] {
-        assert!(text.contains(name), "{name} missing from /metrics");
+        let labels: Vec<&str> = if series.ends_with("_bucket") {
+            vec![trigger[0], "le=\"+Inf\""]
+        } else {
+            trigger.to_vec()
+        };
+        assert_eq!(metric_sum(&text, series, &labels), want, "{series}");
+    }
+    assert!(
+        metric_sum(
+            &text,
+            "tessel_kafka_dispatch_duration_seconds_bucket",
+            &[trigger[0], "le=\"0.005\""]
+        ) < attempts,
+        "the dispatcher's 5-15 ms latency is above the lowest bucket"
+    );
+    assert!(
+        metric_sum(
+            &text,
+            "tessel_kafka_offset_commits_total",
+            &["result=\"ok\""]
+        ) >= 1.0
+    );
+    assert!(metric_sum(&text, "tessel_kafka_rebalances_total", &["kind=\"assign\""]) >= 1.0);
+    assert_eq!(
+        metric_sum(&text, "tessel_kafka_assigned_partitions", &[]),
+        2.0
+    );
+    assert_eq!(metric_sum(&text, "tessel_kafka_brokers_up", &[]), 1.0);
+    assert_eq!(
+        metric_sum(
+            &text,
+            "tessel_kafka_build_info",
+            &[concat!("version=\"", env!("CARGO_PKG_VERSION"), "\"")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &text,
+            "tessel_kafka_registry_cache_lookups_total",
+            &["connection=\"it\""]
+        ),
+        metric_sum(&text, "tessel_kafka_registry_cache_lookups_total", &[]),
+        "registry metrics name their connection"
+    );
+    for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = line.split(' ').nth(2).unwrap_or_default();
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} has no HELP text"
+        );
+        assert!(!line.ends_with(" summary"), "{line}");
     }
     assert!(!text.contains("offset=\""), "no offset label");
 }
@@ -178,6 +230,77 @@ dispatcher = {{ url = "{}", token = "{token}" }}
         assert_eq!(line["partition"], 0);
         assert!(line["offset"].is_i64(), "{line}");
     }
+}
+
+/// The lag series of `topic` in a scrape: partition to value.
+fn lag_by_partition(text: &str, topic: &str) -> std::collections::BTreeMap<i32, i64> {
+    let prefix = "tessel_kafka_consumer_lag_messages{";
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .filter(|l| l.contains(&format!("topic=\"{topic}\"")))
+        .filter_map(|l| {
+            let partition = l.split("partition=\"").nth(1)?.split('"').next()?;
+            let value = l.rsplit(' ').next()?;
+            Some((partition.parse().ok()?, value.parse::<f64>().ok()? as i64))
+        })
+        .collect()
+}
+
+/// A group stuck on its first records (the dispatcher refuses everything, so no run is ever
+/// accepted) shows its whole backlog as lag; when a second replica joins, each replica reports
+/// only the partition it still owns (the revoked partition's series is gone, not stale).
+/// Lag before the group's first commit is covered by `kafka::context`'s unit tests: the
+/// connector commits the first received offset within milliseconds, so a live group is
+/// hardly ever seen without one.
+#[tokio::test]
+async fn lag_of_a_stuck_group_is_its_backlog_and_follows_the_assignment() {
+    let topic = unique("lag-owner");
+    create_topic(&topic, 2).await;
+    let d = dispatcher(Faults {
+        fail_all: Some(503),
+        ..Faults::default()
+    })
+    .await;
+    let group = unique("lag-owner-group");
+    let toml = connection_toml(&group, &topic, &d.url(), "concurrency = 2").replace(
+        "\"auto.offset.reset\" = \"earliest\"\n",
+        "\"auto.offset.reset\" = \"earliest\"\n\"statistics.interval.ms\" = \"500\"\n",
+    );
+    produce_keyed(&topic, 0, 40, 8).await;
+    let ends = super::high_watermarks(&topic, 2);
+    let want: std::collections::BTreeMap<i32, i64> =
+        (0..2).map(|p| (p, ends[p as usize])).collect();
+    let ports = [crate::support::free_port(), crate::support::free_port()];
+    let config =
+        |port: u16| temp_config(&format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}"));
+    let mut first = spawn_daemon(&config(ports[0]), Stdio::null());
+    wait_for_async(
+        "lag of both partitions, nothing committed",
+        Duration::from_secs(60),
+        || async {
+            let got = lag_by_partition(&scrape(ports[0]).await?, &topic);
+            (got == want).then_some(())
+        },
+    )
+    .await;
+    let mut second = spawn_daemon(&config(ports[1]), Stdio::null());
+    let (a, b) = wait_for_async(
+        "each replica reports the partition it owns",
+        Duration::from_secs(90),
+        || async {
+            let a = lag_by_partition(&scrape(ports[0]).await?, &topic);
+            let b = lag_by_partition(&scrape(ports[1]).await?, &topic);
+            (a.len() == 1 && b.len() == 1).then_some((a, b))
+        },
+    )
+    .await;
+    for daemon in [&mut first, &mut second] {
+        daemon.kill().unwrap();
+        let _ = daemon.wait();
+    }
+    let mut both = a.clone();
+    both.extend(b.clone());
+    assert_eq!(both, want, "first {a:?}, second {b:?}");
 }
 
 /// A stand-in OpenTelemetry collector: records every OTLP/HTTP JSON trace export.

@@ -1,0 +1,405 @@
+//! The shipped dashboard and alert rules against a real Prometheus (Debian's `prometheus`
+//! package, installed by `scripts/deps`) scraping a running connector: the rules pass
+//! `promtool check rules`, and during a live run every dashboard query, every dashboard
+//! variable and every alert expression finds its series.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use tessel_kafka::dev_dispatcher::Faults;
+
+use super::{connection_toml, create_topic, dispatcher, reference_produce, spawn_daemon};
+use crate::support::{free_port, repo, stack, temp_config, unique, wait_for_async};
+
+/// The scrape job's name: the alert rules select `up{job="tessel-kafka"}`, and the
+/// ServiceMonitor names the job after the Service, `tessel-kafka`.
+const JOB: &str = "tessel-kafka";
+
+/// Target labels Kubernetes service discovery and the ServiceMonitor add in production.
+const NAMESPACE: &str = "it-namespace";
+const REGION: &str = "it-region";
+const CONNECTION: &str = "it";
+
+/// A Prometheus server on a loopback port; killed when dropped.
+struct Prometheus {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Starts Prometheus scraping `target` every second and evaluating the alert rules.
+    async fn start(target: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let rules = repo().join("deploy/prometheus/alerts.yml");
+        let config = format!(
+            r#"global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files: ["{rules}"]
+scrape_configs:
+  - job_name: {JOB}
+    static_configs:
+      - targets: ["{target}"]
+        labels: {{namespace: {NAMESPACE}, region: {REGION}}}
+"#,
+            rules = rules.display()
+        );
+        let config_path = dir.path().join("prometheus.yml");
+        std::fs::write(&config_path, config).expect("write prometheus.yml");
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log file");
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start prometheus ({e}): scripts/deps installs Debian's package")
+            });
+        let p = Self { child, port, dir };
+        let ready = format!("http://127.0.0.1:{port}/-/ready");
+        wait_for_async("prometheus ready", Duration::from_secs(60), || async {
+            let r = reqwest::get(&ready).await.ok()?;
+            r.status().is_success().then_some(())
+        })
+        .await;
+        p
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// `GET /api/v1/<path>` with `params`; the `data` of a successful answer.
+    async fn api(&self, path: &str, params: &[(&str, &str)]) -> Option<Value> {
+        let url = url::Url::parse_with_params(
+            &format!("http://127.0.0.1:{}/api/v1/{path}", self.port),
+            params,
+        )
+        .ok()?;
+        let v: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
+        (v["status"] == "success").then(|| v["data"].clone())
+    }
+
+    /// The samples an instant query returns now (empty when it finds no series).
+    async fn query(&self, promql: &str) -> Option<Vec<Value>> {
+        let data = self.api("query", &[("query", promql)]).await?;
+        data["result"].as_array().cloned()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Replaces the dashboard's variables with what one operator would pick.
+fn substitute(expr: &str) -> String {
+    expr.replace("$__rate_interval", "5m")
+        .replace("$namespace", NAMESPACE)
+        .replace("$region", REGION)
+        .replace("$connection", CONNECTION)
+}
+
+/// Byte offsets of the characters of `expr` outside brackets and quotes.
+fn top_level(expr: &str) -> Vec<usize> {
+    let (mut depth, mut quoted, mut out) = (0i32, false, Vec::new());
+    for (i, c) in expr.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            '(' | '[' | '{' if !quoted => depth += 1,
+            ')' | ']' | '}' if !quoted => depth -= 1,
+            _ if depth == 0 && !quoted => out.push(i),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The parts of an alert expression that select data: the operands of top-level `and`, `or`
+/// and `unless`, each without its threshold (`> 0.1`, `== 0`). An alert can only fire when
+/// each part finds series; a misspelt metric or label makes a part silently empty.
+fn selecting_parts(expr: &str) -> Vec<String> {
+    let mut cuts = Vec::new();
+    for i in top_level(expr) {
+        for op in [" and ", " or ", " unless "] {
+            if expr[i..].starts_with(op) {
+                cuts.push((i, i + op.len()));
+            }
+        }
+    }
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for (from, to) in cuts {
+        parts.push(&expr[start..from]);
+        start = to;
+    }
+    parts.push(&expr[start..]);
+    parts
+        .into_iter()
+        .map(|part| {
+            let comparison = top_level(part)
+                .into_iter()
+                .find(|&i| matches!(part.as_bytes()[i], b'<' | b'>' | b'=' | b'!'));
+            let Some(i) = comparison else {
+                return part.trim().to_owned();
+            };
+            let rhs = part[i..].trim_start_matches(['<', '>', '=', '!']).trim();
+            let rhs = rhs.strip_prefix("bool ").unwrap_or(rhs);
+            if rhs.parse::<f64>().is_ok() {
+                part[..i].trim().to_owned()
+            } else {
+                part.trim().to_owned()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn alert_expressions_split_into_their_selecting_parts() {
+    assert_eq!(
+        selecting_parts(r#"up{job="tessel-kafka"} == 0"#),
+        [r#"up{job="tessel-kafka"}"#]
+    );
+    assert_eq!(
+        selecting_parts("sum by (a) (deriv(x[10m])) > 0 and sum by (a) (x) > 1000"),
+        ["sum by (a) (deriv(x[10m]))", "sum by (a) (x)"]
+    );
+    assert_eq!(
+        selecting_parts(r#"sum(rate(x{o!="a"}[5m])) / sum(rate(x[5m])) > 0.1"#),
+        [r#"sum(rate(x{o!="a"}[5m])) / sum(rate(x[5m]))"#]
+    );
+    assert_eq!(selecting_parts("a > b"), ["a > b"]);
+}
+
+const ORDER_AVRO: &str = r#"{"type":"record","name":"Order","namespace":"it.prometheus","fields":[{"name":"n","type":"long"}]}"#;
+
+/// Avro orders (some refused by the dispatcher and dead-lettered), and records naming a
+/// schema id the registry does not know (a registry error, then dead-lettered).
+async fn produce_traffic(topic: &str, from: u32, to: u32) {
+    let frame_unknown = |id: u32| {
+        let mut v = vec![0u8];
+        v.extend_from_slice(&id.to_be_bytes());
+        v.extend_from_slice(b"\x02");
+        base64::engine::general_purpose::STANDARD.encode(v)
+    };
+    let mut records: Vec<Value> = (from..to)
+        .map(|i| json!({"key": format!("k{}", i % 7), "value": {"n": i}}))
+        .collect();
+    records.push(json!({"key": format!("unknown-{from}"), "raw_value_b64": frame_unknown(0x7ffe_0000 + from)}));
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "registry": stack().registry_url, "topic": topic,
+        "key": {"format": "string"}, "value": {"format": "avro", "schema": ORDER_AVRO},
+        "steps": [{"txn": null, "records": records}]
+    }))
+    .await;
+}
+
+#[tokio::test]
+async fn every_dashboard_query_and_alert_expression_returns_data_from_a_live_run() {
+    let rules = repo().join("deploy/prometheus/alerts.yml");
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .expect("promtool (scripts/deps installs Debian's prometheus package)");
+    assert!(
+        out.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let topic = unique("prom");
+    let dlq = unique("prom-dlq");
+    create_topic(&topic, 2).await;
+    create_topic(&dlq, 1).await;
+    // One dispatch in five is refused (400): dispatch errors and dead letters have series.
+    let d = dispatcher(Faults {
+        latency_ms: (2, 20),
+        fail_ratio: 0.2,
+        fail_status: 400,
+        ..Faults::default()
+    })
+    .await;
+    let admin = free_port();
+    let extra = format!(
+        "on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\nvalue_format = \"schema_registry\"\nkey_format = \"string\"\n"
+    );
+    let toml = connection_toml(&unique("prom-group"), &topic, &d.url(), &extra)
+        .replace(
+            "retry = { initial_backoff_ms = 50, max_backoff_ms = 500 }",
+            "retry = { initial_backoff_ms = 50, max_backoff_ms = 500, schema_not_found_ms = 300 }",
+        )
+        .replace(
+            "\"auto.offset.reset\" = \"earliest\"\n",
+            "\"auto.offset.reset\" = \"earliest\"\n\"statistics.interval.ms\" = \"500\"\n",
+        );
+    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:{admin}\"\n{toml}"));
+    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let prometheus = Prometheus::start(&format!("127.0.0.1:{admin}")).await;
+    let up = format!("up{{job=\"{JOB}\"}} == 1");
+    wait_for_async("the connector scraped", Duration::from_secs(60), || async {
+        (!prometheus.query(&up).await?.is_empty()).then_some(())
+    })
+    .await;
+    // Traffic in batches, each once Prometheus has scraped the dispatches of the one before:
+    // a series first scraped with its final value has no increase, and its rate is 0.
+    let attempts = "sum(tessel_kafka_dispatch_attempts_total)";
+    for batch in 0..3 {
+        produce_traffic(&topic, batch * 20, batch * 20 + 20).await;
+        wait_for_async(
+            "Prometheus to scrape the batch's dispatches",
+            Duration::from_secs(60),
+            || async {
+                let samples = prometheus.query(attempts).await?;
+                let n: f64 = samples.first()?["value"][1].as_str()?.parse().ok()?;
+                let sent = d.attempts();
+                (sent >= 20 * (u64::from(batch) + 1) && n as u64 == sent).then_some(())
+            },
+        )
+        .await;
+    }
+
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("deploy/grafana/tessel-kafka.json")).unwrap(),
+    )
+    .unwrap();
+    let mut queries: BTreeMap<String, String> = BTreeMap::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("expr");
+            let _ = queries.insert(
+                format!("panel {:?} {}", panel["title"], target["refId"]),
+                substitute(expr),
+            );
+        }
+    }
+    assert!(queries.len() >= 8, "{queries:?}");
+    let names: Vec<&str> = ["namespace", "region", "connection"].to_vec();
+    let variables: Vec<&Value> = dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables")
+        .iter()
+        .filter(|v| v["type"] == "query")
+        .collect();
+    assert_eq!(
+        variables
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        names,
+        "dashboard variables"
+    );
+    // label_values(<selector>, <label>): the label's values among the selector's series.
+    for v in &variables {
+        let definition = v["definition"].as_str().expect("definition");
+        let inner = definition
+            .strip_prefix("label_values(")
+            .and_then(|d| d.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("{definition}"));
+        let (selector, label) = inner.rsplit_once(", ").expect("selector, label");
+        let _ = queries.insert(
+            format!("variable {}", v["name"]),
+            format!("count by ({label}) ({})", substitute(selector)),
+        );
+    }
+    let alerts = wait_for_async(
+        "the alert rules loaded",
+        Duration::from_secs(30),
+        || async {
+            let data = prometheus.api("rules", &[("type", "alert")]).await?;
+            let rules: Vec<Value> = data["groups"]
+                .as_array()?
+                .iter()
+                .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+                .collect();
+            (!rules.is_empty() && rules.iter().all(|r| r["health"] == "ok")).then_some(rules)
+        },
+    )
+    .await;
+    let rule_text = std::fs::read_to_string(&rules).unwrap();
+    assert_eq!(
+        alerts.len(),
+        rule_text.matches("- alert: ").count(),
+        "every rule loaded"
+    );
+    for rule in &alerts {
+        let name = rule["name"].as_str().unwrap();
+        let runbook = rule["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name} has no runbook_url"));
+        let anchor = runbook.rsplit_once('#').map(|(_, a)| a).unwrap_or_default();
+        assert_eq!(anchor, name.to_lowercase(), "{name}: {runbook}");
+        for (i, part) in selecting_parts(rule["query"].as_str().unwrap())
+            .into_iter()
+            .enumerate()
+        {
+            let _ = queries.insert(format!("alert {name} part {i}"), part);
+        }
+    }
+    let runbook = std::fs::read_to_string(repo().join("docs/runbook.md")).unwrap();
+    for rule in &alerts {
+        let heading = format!("\n## {}\n", rule["name"].as_str().unwrap());
+        assert!(
+            runbook.contains(&heading),
+            "docs/runbook.md lacks {heading}"
+        );
+    }
+
+    // Polled until every query answers, with a deadline; the failure lists the empty ones.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let mut empty = Vec::new();
+        for (what, q) in &queries {
+            let samples = prometheus.query(q).await.unwrap_or_default();
+            // A quantile over buckets that saw nothing is NaN: it must be a number.
+            let finite = samples.iter().any(|s| {
+                s["value"][1]
+                    .as_str()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .is_some_and(f64::is_finite)
+            });
+            if !finite {
+                empty.push(format!("{what}: {q}"));
+            }
+        }
+        if empty.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no data after 120 s for:\n{}\nprometheus log:\n{}",
+            empty.join("\n"),
+            prometheus.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The values are the run's, not just present.
+    let accepted = format!(
+        "sum(tessel_kafka_messages_handled_total{{namespace=\"{NAMESPACE}\", outcome=\"accepted\"}})"
+    );
+    wait_for_async(
+        "Prometheus to count every accepted run",
+        Duration::from_secs(30),
+        || async {
+            let samples = prometheus.query(&accepted).await?;
+            let n: f64 = samples.first()?["value"][1].as_str()?.parse().ok()?;
+            (d.accepted() > 0 && n as usize == d.accepted()).then_some(())
+        },
+    )
+    .await;
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+}
