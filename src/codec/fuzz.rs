@@ -22,9 +22,9 @@ pub fn decode_with_schema(
 ) -> Option<Result<Json, DecodeError>> {
     // Compiled schemas are kept (as the registry client keeps them per id), so the fuzzer
     // spends its time on payloads rather than on compiling the same schema again.
+    type Compiled = HashMap<(SchemaType, String), Option<Rc<ResolvedSchema>>>;
     thread_local! {
-        static COMPILED: std::cell::RefCell<HashMap<(SchemaType, String), Option<Rc<ResolvedSchema>>>> =
-            std::cell::RefCell::new(HashMap::new());
+        static COMPILED: std::cell::RefCell<Compiled> = std::cell::RefCell::new(HashMap::new());
     }
     let schema = COMPILED.with(|cache| {
         let mut cache = cache.borrow_mut();
