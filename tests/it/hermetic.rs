@@ -399,15 +399,40 @@ async fn shutdown_with_a_revoke_pending_does_not_wait_for_the_revoke_deadline() 
     );
 }
 
-fn spawn(config: &std::path::Path, log: &std::path::Path) -> std::process::Child {
-    std::process::Command::new(binary())
-        .args(["run", "--config"])
-        .arg(config)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).expect("log file"))
-        .spawn()
-        .expect("start tessel-kafka")
+/// A daemon process that is killed when the test ends, also when it fails.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+fn spawn(config: &std::path::Path, log: &std::path::Path) -> Daemon {
+    Daemon(
+        std::process::Command::new(binary())
+            .args(["run", "--config"])
+            .arg(config)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("log file"))
+            .spawn()
+            .expect("start tessel-kafka"),
+    )
 }
 
 fn sigterm(child: &std::process::Child) {
