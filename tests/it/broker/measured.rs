@@ -643,16 +643,21 @@ async fn produce_100k_small_avro_records() {
     daemon.stop().await;
 }
 
-/// Issue 13: a clean run of 1,000,000 records through one replica, counted by idempotency key
-/// at the dispatcher: every record once, none twice, committed to the end.
+/// Issue 13: a clean run through one replica, counted by idempotency key at the dispatcher:
+/// every record once, none twice, committed to the end. 200,000 records in CI (the size of the
+/// runs where a repeat was seen); `TESSEL_IT_CLEAN_RUN_RECORDS=1000000` for the full figure
+/// (about 17 minutes with the debug build on two cores).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_million_records_through_one_replica_are_each_dispatched_once() {
-    const COUNT: usize = 1_000_000;
+async fn a_clean_run_through_one_replica_dispatches_each_record_once() {
+    let count: usize = std::env::var("TESSEL_IT_CLEAN_RUN_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
     let topic = unique("million");
     create_topic(&topic, 8).await;
     let _ = reference_produce(json!({
         "bootstrap": stack().bootstrap, "topic": topic,
-        "generate": {"count": COUNT, "keys": 1000, "value_bytes": 40},
+        "generate": {"count": count, "keys": 1000, "value_bytes": 40},
         "kafka": {"linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4"},
         "steps": []
     }))
@@ -663,8 +668,8 @@ async fn a_million_records_through_one_replica_are_each_dispatched_once() {
     let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
     let mut daemon = spawn_daemon(&config, Stdio::null());
     let started = Instant::now();
-    wait_for("a million runs", Duration::from_secs(1200), || {
-        (d.accepted() >= COUNT).then_some(())
+    wait_for("every run", Duration::from_secs(1200), || {
+        (d.accepted() >= count).then_some(())
     })
     .await;
     let took = started.elapsed();
@@ -672,18 +677,18 @@ async fn a_million_records_through_one_replica_are_each_dispatched_once() {
     daemon.kill().expect("kill");
     let _ = daemon.wait();
     eprintln!(
-        "a million records: {} accepted in {:.0} s ({:.0}/s, debug build), {} offered again",
+        "clean run of {count} records: {} accepted in {:.0} s ({:.0}/s, debug build), {} offered again",
         d.accepted(),
         took.as_secs_f64(),
-        COUNT as f64 / took.as_secs_f64(),
+        count as f64 / took.as_secs_f64(),
         d.repeats()
     );
-    assert_eq!(ends.iter().sum::<i64>(), COUNT as i64);
+    assert_eq!(ends.iter().sum::<i64>(), count as i64);
     assert_eq!(
         d.repeats(),
         0,
         "offered again: {:?}",
         &d.repeated_keys()[..d.repeated_keys().len().min(10)]
     );
-    assert_eq!(d.accepted(), COUNT);
+    assert_eq!(d.accepted(), count);
 }
