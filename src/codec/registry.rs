@@ -475,7 +475,7 @@ impl Inner {
         let resp = req
             .send()
             .await
-            .map_err(|e| RegistryError::Unavailable(error_chain(&e)))?;
+            .map_err(|e| RegistryError::Unavailable(crate::config::redacted_error_chain(&e)))?;
         let status = resp.status();
         if status.is_success() {
             return resp
@@ -508,18 +508,6 @@ fn classify_status(status: u16, error_code: i64, message: String, id: u32) -> Re
             reason: format!("HTTP {status} (error code {error_code}) {message}"),
         },
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    // reqwest names the URL, user info and query included.
-    crate::config::redact_text(&s)
 }
 
 fn urlencode(s: &str) -> String {

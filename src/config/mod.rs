@@ -26,7 +26,9 @@ pub use connection::{ConnectionConfig, RegistryConfig};
 pub use error::ConfigError;
 pub use otlp::{OtlpConfig, OtlpProtocol};
 pub use produce::{topic_matches, ProduceConfig, ProducerConfig, TokenGrant};
-pub use secret::{is_secret_property, redact_text, redact_url, Endpoint, Secret, REDACTED};
+pub use secret::{
+    is_secret_property, redact_text, redact_url, redacted_error_chain, Endpoint, Secret, REDACTED,
+};
 pub use trigger::{
     DispatcherConfig, ErrorPolicy, Ordering, PayloadFormat, RetryConfig, TriggerConfig,
 };

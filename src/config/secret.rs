@@ -126,6 +126,19 @@ pub fn redact_url(url: &url::Url) -> String {
     u.to_string()
 }
 
+/// An error and its sources on one line (`a: b: c`), with every URL in it redacted: reqwest
+/// names the URL, user info and query included.
+pub fn redacted_error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    redact_text(&s)
+}
+
 /// `text` (an error message, a log line) with every URL in it redacted as [`redact_url`]
 /// does; a URL that does not parse loses everything between `://` and its last `@`.
 pub fn redact_text(text: &str) -> String {

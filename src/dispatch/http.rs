@@ -78,7 +78,7 @@ impl HttpDispatcher {
                 classify(status, &body, retry_after)
             }
             Err(e) if e.is_builder() => DispatchOutcome::Invalid {
-                reason: crate::config::redact_text(&error_chain(&e.without_url())),
+                reason: crate::config::redacted_error_chain(&e.without_url()),
             },
             Err(e) => DispatchOutcome::Retryable {
                 status: None,
@@ -87,24 +87,12 @@ impl HttpDispatcher {
                 } else if e.is_connect() {
                     "cannot connect to the dispatcher".to_owned()
                 } else {
-                    crate::config::redact_text(&error_chain(&e.without_url()))
+                    crate::config::redacted_error_chain(&e.without_url())
                 },
                 retry_after: None,
             },
         }
     }
-}
-
-/// An error with its sources, one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

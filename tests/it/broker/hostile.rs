@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use tessel_kafka::dev_dispatcher::{DevDispatcher, Faults};
 
 use super::failures::read_topic;
+use super::produce::register_schema;
 use super::{committed, create_topic, dispatcher, reference_produce, spawn_daemon};
 use crate::support::{binary, free_port, stack, temp_config, unique, wait_for, wait_for_async};
 
@@ -32,24 +33,6 @@ const ID_JSON_SCHEMA: &str = r#"{"$schema":"http://json-schema.org/draft-07/sche
 
 /// A `traceparent` of 55 bytes whose last byte is a newline.
 const BAD_TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0\n";
-
-/// Registers `schema` under `subject` through the registry's REST API; returns its id.
-async fn register(subject: &str, schema_type: &str, schema: &str) -> u32 {
-    let resp = reqwest::Client::new()
-        .post(format!(
-            "{}/subjects/{subject}/versions",
-            stack().registry_url
-        ))
-        .header("Content-Type", "application/vnd.schemaregistry.v1+json")
-        .json(&json!({"schemaType": schema_type, "schema": schema}))
-        .send()
-        .await
-        .expect("registry answers");
-    let status = resp.status();
-    let body: Value = resp.json().await.expect("registry JSON");
-    assert!(status.is_success(), "register {subject}: {status} {body}");
-    body["id"].as_u64().expect("schema id") as u32
-}
 
 fn frame(id: u32, body: &[u8]) -> String {
     let mut v = vec![0u8];
@@ -75,10 +58,10 @@ struct Hostile {
 
 /// The hostile records, keyed by what they are, in the order they are produced.
 async fn hostile_records(prefix: &str) -> Hostile {
-    let node = register(&format!("{prefix}-node"), "AVRO", NODE_AVRO).await;
-    let note = register(&format!("{prefix}-note"), "AVRO", NOTE_AVRO).await;
-    let order = register(&format!("{prefix}-order"), "AVRO", ORDER_AVRO).await;
-    let ided = register(&format!("{prefix}-ided"), "JSON", ID_JSON_SCHEMA).await;
+    let node = register_schema(&format!("{prefix}-node"), "AVRO", NODE_AVRO).await;
+    let note = register_schema(&format!("{prefix}-note"), "AVRO", NOTE_AVRO).await;
+    let order = register_schema(&format!("{prefix}-order"), "AVRO", ORDER_AVRO).await;
+    let ided = register_schema(&format!("{prefix}-ided"), "JSON", ID_JSON_SCHEMA).await;
     let records = vec![
         (
             "deep".to_owned(),

@@ -456,18 +456,18 @@ fn accepted_not_covered(
     d: &tessel_kafka::dev_dispatcher::DevDispatcher,
     commits: &[(i64, String)],
 ) -> std::collections::HashMap<String, Instant> {
-    use tessel_kafka::kafka::offsets::{OffsetTracker, Received};
-    let mut trackers: Vec<OffsetTracker> = commits
+    use tessel_kafka::kafka::offsets::parse_metadata;
+    // What a commit covers: every offset below it, and those its metadata lists as handled.
+    let handled: Vec<std::collections::BTreeSet<i64>> = commits
         .iter()
-        .map(|(offset, metadata)| OffsetTracker::from_committed(Some(*offset), metadata))
+        .map(|(offset, metadata)| parse_metadata(*offset, metadata))
         .collect();
     d.runs()
         .into_iter()
         .filter(|run| {
             let partition = run.event["partition"].as_u64().expect("partition") as usize;
             let offset = run.event["offset"].as_i64().expect("offset");
-            offset >= commits[partition].0
-                && trackers[partition].received(offset) == Received::Dispatch
+            offset >= commits[partition].0 && !handled[partition].contains(&offset)
         })
         .map(|run| (run.idempotency_key, run.accepted_at))
         .collect()
