@@ -510,6 +510,134 @@ fn classify_status(status: u16, error_code: i64, message: String, id: u32) -> Re
     }
 }
 
+/// A chain of local `$ref`s and in-place applicators (`allOf`, `anyOf`, `oneOf`, `not`, `if`,
+/// `then`, `else`) that leads back to where it started, applying the schema to the same
+/// instance for ever: jsonschema would recurse without end compiling it (found by the
+/// `json_schema` fuzz target, which ran out of memory on `{"$defs": {"node": {"$ref":
+/// "#/$defs/node"}}}`). Keywords that descend into the instance (`properties`, `items`, …)
+/// end a chain. Returns the pointer where the cycle closes.
+fn same_instance_cycle(root: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    fn edges(node: &Value) -> Vec<String> {
+        let mut out = Vec::new();
+        let Value::Object(map) = node else {
+            return out;
+        };
+        if let Some(Value::String(r)) = map.get("$ref") {
+            if let Some(pointer) = r.strip_prefix('#') {
+                out.push(pointer.to_owned());
+            }
+        }
+        out
+    }
+    // Walk every subschema (pointer, value), then follow in-place edges from each.
+    fn walk<'a>(pointer: String, node: &'a Value, all: &mut Vec<(String, &'a Value)>) {
+        if all.len() > 100_000 {
+            return;
+        }
+        match node {
+            Value::Object(map) => {
+                all.push((pointer.clone(), node));
+                for (k, v) in map {
+                    let key = k.replace('~', "~0").replace('/', "~1");
+                    walk(format!("{pointer}/{key}"), v, all);
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    walk(format!("{pointer}/{i}"), v, all);
+                }
+            }
+            _ => {}
+        }
+    }
+    fn in_place(pointer: &str, node: &Value) -> Vec<String> {
+        let mut out = edges(node);
+        let Value::Object(map) = node else {
+            return out;
+        };
+        for key in ["allOf", "anyOf", "oneOf"] {
+            if let Some(Value::Array(items)) = map.get(key) {
+                out.extend((0..items.len()).map(|i| format!("{pointer}/{key}/{i}")));
+            }
+        }
+        for key in ["not", "if", "then", "else"] {
+            if map.get(key).is_some_and(Value::is_object) {
+                out.push(format!("{pointer}/{key}"));
+            }
+        }
+        out
+    }
+    let mut all = Vec::new();
+    walk(String::new(), root, &mut all);
+    let by_pointer: std::collections::HashMap<&str, &Value> =
+        all.iter().map(|(p, v)| (p.as_str(), *v)).collect();
+    // Depth-first search for a cycle over in-place edges (colours: 1 on the stack, 2 done).
+    let mut colour: std::collections::HashMap<String, u8> = std::collections::HashMap::new();
+    for (start, _) in &all {
+        if colour.contains_key(start) {
+            continue;
+        }
+        let mut stack: Vec<(String, Vec<String>)> = Vec::new();
+        let node = by_pointer[start.as_str()];
+        let _ = colour.insert(start.clone(), 1);
+        stack.push((start.clone(), in_place(start, node)));
+        while let Some((at, next)) = stack.last_mut() {
+            match next.pop() {
+                Some(to) => match colour.get(&to) {
+                    Some(1) => return Some(to),
+                    Some(_) => {}
+                    None => {
+                        if let Some(target) = by_pointer.get(to.as_str()) {
+                            let _ = colour.insert(to.clone(), 1);
+                            let edges = in_place(&to, target);
+                            stack.push((to, edges));
+                        }
+                    }
+                },
+                None => {
+                    let _ = colour.insert(at.clone(), 2);
+                    let _ = stack.pop();
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod json_schema_cycle_tests {
+    use super::same_instance_cycle;
+    use serde_json::json;
+
+    #[test]
+    fn a_schema_that_refers_to_itself_in_place_is_found() {
+        // The fuzz target's out-of-memory input.
+        assert!(same_instance_cycle(
+            &json!({"$defs": {"node": {"$ref": "#/$defs/node"}}, "$ref": "#/$defs/node"})
+        )
+        .is_some());
+        assert!(same_instance_cycle(&json!({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/b"}]}, "b": {"not": {"$ref": "#/$defs/a"}}}})).is_some());
+        assert!(same_instance_cycle(&json!({"allOf": [{"$ref": "#"}]})).is_some());
+        // Recursion through a descending keyword is fine (a tree of nodes).
+        assert!(same_instance_cycle(&json!({"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}}, "$ref": "#/$defs/node"})).is_none());
+        assert!(same_instance_cycle(&json!({"type": "array", "items": {"$ref": "#"}})).is_none());
+    }
+
+    #[test]
+    fn compiling_such_a_schema_is_an_invalid_schema_not_an_endless_compile() {
+        let e = super::compile(
+            9,
+            super::SchemaType::Json,
+            r##"{"$defs":{"node":{"$ref":"#/$defs/node"}},"$ref":"#/$defs/node"}"##,
+            &[],
+        )
+        .err()
+        .expect("refused");
+        assert!(e.to_string().contains("refers to itself"), "{e}");
+    }
+}
+
 fn urlencode(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes())
         .collect::<String>()
@@ -553,6 +681,11 @@ pub(crate) fn compile(
                     format!("json-schema:///{}", name.trim_start_matches('/'))
                 };
                 options = options.with_resource(uri, resource);
+            }
+            if let Some(cycle) = same_instance_cycle(&schema) {
+                return Err(invalid(format!(
+                    "json schema refers to itself without descending into the instance ({cycle}): it would never finish compiling"
+                )));
             }
             let validator = options
                 .build(&schema)
