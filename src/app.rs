@@ -32,6 +32,9 @@ impl App {
         let mut produce_only = Vec::new();
         let mut publishers = HashMap::new();
         for (name, c) in &config.connections {
+            // Every configured connection is in /readyz from the start, not ready until it
+            // reports: "ready" must never mean "no connection has said anything yet".
+            health.set(name, crate::health::ConnectionHealth::default());
             let produces = config.produce.grants_connection(name);
             let shared = SharedClients::try_new(name, c, produces)?;
             if let (true, Some(producer)) = (produces, &shared.producer) {
