@@ -15,7 +15,7 @@ use tessel_kafka::dev_dispatcher::{DevDispatcher, Faults};
 use tokio_util::sync::CancellationToken;
 
 use crate::config_builder::TestConfig;
-use crate::support::{binary, temp_config, unique, wait_for};
+use crate::support::{binary, temp_config, unique, wait_for, Connector};
 
 type Mock = MockCluster<'static, rdkafka::producer::DefaultProducerContext>;
 
@@ -88,40 +88,6 @@ async fn dispatcher(faults: Faults) -> DevDispatcher {
     )
     .await
     .expect("dev dispatcher")
-}
-
-/// A connector running in this process.
-struct Connector {
-    token: CancellationToken,
-    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl Connector {
-    fn start(toml: &str) -> Self {
-        // The daemon's log in the test's output (shown for a failing test).
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "info,librdkafka=warn".into()),
-            )
-            .with_test_writer()
-            .try_init();
-        let config = tessel_kafka::config::Config::from_toml_with_env(toml, Vec::new())
-            .unwrap_or_else(|e| panic!("{e}\n{toml}"));
-        let app = tessel_kafka::app::App::build(config).expect("app builds");
-        let token = CancellationToken::new();
-        let handle = tokio::spawn(app.run(token.clone(), false));
-        Self { token, handle }
-    }
-
-    async fn stop(self) {
-        self.token.cancel();
-        tokio::time::timeout(Duration::from_secs(60), self.handle)
-            .await
-            .expect("connector stops within 60 s")
-            .expect("connector task")
-            .expect("connector result");
-    }
 }
 
 /// Every `{"i": i}` for i in 0..n accepted exactly once.

@@ -133,3 +133,37 @@ pub fn free_port() -> u16 {
         .expect("a free port")
         .port()
 }
+
+/// A connector running in this process.
+pub struct Connector {
+    token: tokio_util::sync::CancellationToken,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Connector {
+    /// Builds and starts the connector from TOML text.
+    pub fn start(toml: &str) -> Self {
+        Self::start_with(toml, false)
+    }
+
+    /// Like [`Connector::start`]; `serve` also starts its HTTP server (metrics, health and
+    /// the produce API) on `[server] listen`.
+    pub fn start_with(toml: &str, serve: bool) -> Self {
+        let config = tessel_kafka::config::Config::from_toml_with_env(toml, Vec::new())
+            .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+        let app = tessel_kafka::app::App::build(config).expect("app builds");
+        let token = tokio_util::sync::CancellationToken::new();
+        let handle = tokio::spawn(app.run(token.clone(), serve));
+        Self { token, handle }
+    }
+
+    /// Orderly shutdown: drain, commit, close.
+    pub async fn stop(self) {
+        self.token.cancel();
+        tokio::time::timeout(Duration::from_secs(60), self.handle)
+            .await
+            .expect("connector stops within 60 s")
+            .expect("connector task")
+            .expect("connector result");
+    }
+}

@@ -104,19 +104,7 @@ async fn sigkill_cycles_with_static_membership_rebalance_nothing_and_repeat_only
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_cycles_with_the_kip_848_protocol_lose_nothing_and_repeat_only_runs_in_flight() {
-    // Kafka 4.0 turned the KIP-848 protocol on by default; 2.8 has no ConsumerGroupHeartbeat
-    // and 3.x only behind an early-access setting this stack does not set.
-    let major: u32 = stack()
-        .kafka_version
-        .split('.')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .expect("TESSEL_IT_KAFKA_VERSION starts with a major version number");
-    if major < 4 {
-        eprintln!(
-            "skipped: KIP-848 needs Kafka 4.x; this run is against {}",
-            stack().kafka_version
-        );
+    if !crate::broker::kip_848_available() {
         return;
     }
     chaos(Variant::Kip848).await;

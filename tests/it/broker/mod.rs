@@ -24,13 +24,31 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
-use tessel_kafka::app::App;
-use tessel_kafka::config::Config;
 use tessel_kafka::dev_dispatcher::{DevDispatcher, Faults};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::stack;
+
+/// Whether the broker offers the KIP-848 consumer group protocol: on by default from Kafka
+/// 4.0; 2.8 has no ConsumerGroupHeartbeat and 3.x offers it only behind an early-access
+/// setting this stack does not set (the consumer never gets an assignment). Prints why a
+/// test is skipped when it does not.
+pub fn kip_848_available() -> bool {
+    let major: u32 = stack()
+        .kafka_version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .expect("TESSEL_IT_KAFKA_VERSION starts with a major version number");
+    if major < 4 {
+        eprintln!(
+            "skipped: KIP-848 needs Kafka 4.x; this run is against {}",
+            stack().kafka_version
+        );
+    }
+    major >= 4
+}
 
 /// Creates `topic` with `partitions` partitions through the PLAINTEXT listener.
 pub async fn create_topic(topic: &str, partitions: i32) {
@@ -151,38 +169,7 @@ pub fn high_watermarks(topic: &str, partitions: i32) -> Vec<i64> {
         .collect()
 }
 
-/// A connector running in this process.
-pub struct Connector {
-    token: CancellationToken,
-    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl Connector {
-    /// Builds and starts the connector from TOML text.
-    pub fn start(toml: &str) -> Self {
-        Self::start_with(toml, false)
-    }
-
-    /// Like [`Connector::start`]; `serve` also starts its HTTP server (metrics, health and
-    /// the produce API) on `[server] listen`.
-    pub fn start_with(toml: &str, serve: bool) -> Self {
-        let config = Config::from_toml_with_env(toml, Vec::new()).expect("valid config");
-        let app = App::build(config).expect("app builds");
-        let token = CancellationToken::new();
-        let handle = tokio::spawn(app.run(token.clone(), serve));
-        Self { token, handle }
-    }
-
-    /// Orderly shutdown: drain, commit, close.
-    pub async fn stop(self) {
-        self.token.cancel();
-        tokio::time::timeout(Duration::from_secs(60), self.handle)
-            .await
-            .expect("connector stops within 60 s")
-            .expect("connector task")
-            .expect("connector result");
-    }
-}
+pub use crate::support::Connector;
 
 /// A dev dispatcher for one test.
 pub async fn dispatcher(faults: Faults) -> DevDispatcher {

@@ -11,7 +11,7 @@ use super::{
     assert_all_once, committed, connection_toml, create_topic, dispatcher, wait_committed_to_end,
     Connector,
 };
-use crate::support::{stack, unique, wait_for};
+use crate::support::{unique, wait_for};
 
 /// Per key, the values `i` in acceptance order; asserts they increase.
 pub(super) fn assert_per_key_order(runs: &[AcceptedRun]) {
@@ -158,20 +158,7 @@ async fn rebalance_with_cooperative_sticky_loses_and_repeats_nothing() {
 
 #[tokio::test]
 async fn rebalance_with_the_kip_848_protocol_loses_and_repeats_nothing() {
-    // The KIP-848 consumer group protocol is on by default from Kafka 4.0. A 2.8 broker has no
-    // ConsumerGroupHeartbeat at all, and 3.x offers it only behind an early-access setting this
-    // stack does not set: the consumer never gets an assignment.
-    let major: u32 = stack()
-        .kafka_version
-        .split('.')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .expect("TESSEL_IT_KAFKA_VERSION starts with a major version number");
-    if major < 4 {
-        eprintln!(
-            "KIP-848 needs Kafka 4.x; this run is against {}",
-            stack().kafka_version
-        );
+    if !super::kip_848_available() {
         return;
     }
     rebalance_hands_over("consumer").await;

@@ -11,7 +11,7 @@ use tessel_kafka::dev_dispatcher::Faults;
 use super::{
     committed, connection_toml, create_topic, dispatcher, high_watermarks, produce_keyed, Connector,
 };
-use crate::support::{binary, stack, temp_config, unique, wait_for};
+use crate::support::{binary, temp_config, unique, wait_for};
 
 async fn cli(args: &[&str], config: &std::path::Path) -> Output {
     let mut cmd = Command::new(binary());
@@ -126,11 +126,7 @@ async fn wait_for_cli_success(args: &[&str], config: &std::path::Path) -> Output
 /// stopped.
 #[tokio::test]
 async fn offsets_reset_is_refused_while_a_kip_848_group_consumes() {
-    if !stack().kafka_version.starts_with("4.") {
-        eprintln!(
-            "KIP-848 needs Kafka 4.x; this run is against {}",
-            stack().kafka_version
-        );
+    if !super::kip_848_available() {
         return;
     }
     let topic = unique("tools-848");
