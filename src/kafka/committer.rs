@@ -148,6 +148,22 @@ impl Committer {
         self.wanted.values().filter_map(|w| self.due_at(w)).min()
     }
 
+    /// Whether a request may go out now: none is out and the interval since the last passed.
+    pub fn can_send(&self, now: Instant) -> bool {
+        self.in_flight_since.is_none() && self.last_send.is_none_or(|l| now >= l + self.interval)
+    }
+
+    /// When the next request may go out (None while one is out: its answer wakes the caller).
+    pub fn next_slot(&self) -> Option<Instant> {
+        if self.in_flight_since.is_some() {
+            return None;
+        }
+        Some(
+            self.last_send
+                .map_or_else(Instant::now, |l| l + self.interval),
+        )
+    }
+
     /// The commits to send now (one request), marked as sent; nothing while a request is out.
     pub fn take_due(&mut self, now: Instant) -> Vec<(TopicPartition, i64, String)> {
         if self.in_flight_since.is_some() || self.last_send.is_some_and(|l| now < l + self.interval)

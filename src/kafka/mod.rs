@@ -14,9 +14,12 @@
 //! offsets ([`offsets`]) and spawns a task per started message ([`worker`]).
 //! A connection without triggers runs none of this, only [`produce_only`]'s health probe.
 
+pub mod commit_thread;
 pub mod committer;
 pub mod context;
+pub mod monitor;
 pub mod offsets;
+pub mod partitions;
 mod poll_loop;
 pub mod produce_only;
 pub mod producer;

@@ -1,0 +1,398 @@
+//! The monitor of one connection: once a second it works out which partitions are stalled
+//! and why, probes the registry and the brokers, looks for missing permissions after a
+//! refusal, follows paused partitions' end offsets for the lag metric, and reports the
+//! connection's health to `/readyz`, the log and the metrics.
+//!
+//! The decisions are pure functions ([`stall_reason`], [`PermissionCheck`]) tested alone; the
+//! probes run off the supervisor's loop.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::consumer::Consumer as _;
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+use super::context::ConnectorContext;
+use super::partitions::PartitionSet;
+use super::worker::TriggerRuntime;
+use crate::codec::registry::RegistryClient;
+use crate::config::ConnectionConfig;
+use crate::event::TopicPartition;
+use crate::health::{ConnectionHealth, HealthRegistry};
+use crate::telemetry::metrics;
+
+type Consumer_ = rdkafka::consumer::BaseConsumer<ConnectorContext>;
+
+/// How often stalls are looked for (and readiness refreshed).
+pub const STALL_CHECK: Duration = Duration::from_secs(1);
+
+/// How often the end offsets of paused partitions are queried for the lag metric.
+const PAUSED_END_PROBE: Duration = Duration::from_secs(5);
+
+/// How often the schema registry is probed for readiness.
+const REGISTRY_PROBE: Duration = Duration::from_secs(5);
+
+/// How often missing permissions are looked for again while they are reported.
+const PERMISSION_RECHECK: Duration = Duration::from_secs(10);
+
+/// What is known of a partition with a backlog and no progress, for [`stall_reason`].
+#[derive(Debug, Clone, Default)]
+pub struct StallFacts {
+    /// Messages waiting or in flight.
+    pub backlog: usize,
+    /// Since the commit offset last moved.
+    pub without_progress: Duration,
+    /// The trigger was stopped by a configuration error.
+    pub trigger_stopped: bool,
+    /// The trigger's latest failure within the stall window.
+    pub recent_failure: Option<String>,
+    /// The partition's commit offset.
+    pub commit_offset: Option<i64>,
+    /// The partition is paused.
+    pub paused: bool,
+}
+
+/// Why a partition is stalled, if it is: a backlog and no progress for `after`.
+pub fn stall_reason(f: &StallFacts, after: Duration) -> Option<String> {
+    if f.backlog == 0 || f.without_progress < after {
+        return None;
+    }
+    Some(if f.trigger_stopped {
+        "trigger stopped by a configuration error".to_owned()
+    } else if let Some(failure) = &f.recent_failure {
+        match f.commit_offset {
+            Some(o) => format!("key parked at offset {o}: a message is being retried ({failure})"),
+            None => format!("key parked: a message is being retried ({failure})"),
+        }
+    } else if f.paused {
+        "paused: the partition's buffer is full".to_owned()
+    } else {
+        "waiting for runs in flight".to_owned()
+    })
+}
+
+/// When to diagnose permissions: after an authorization refusal, and again every
+/// [`PERMISSION_RECHECK`] while some are reported missing.
+#[derive(Debug, Default)]
+pub struct PermissionCheck {
+    last: Option<Instant>,
+    wanted: bool,
+}
+
+impl PermissionCheck {
+    /// Whether a diagnosis should start now; `refused`: a refusal was seen since the last
+    /// call; `reported`: permissions are reported missing now.
+    pub fn due(&mut self, now: Instant, refused: bool, reported: bool) -> bool {
+        self.wanted |= refused;
+        let rested = self
+            .last
+            .is_none_or(|t| now.saturating_duration_since(t) >= PERMISSION_RECHECK);
+        if !(self.wanted || reported) || !rested {
+            return false;
+        }
+        self.wanted = false;
+        self.last = Some(now);
+        true
+    }
+}
+
+/// The monitor's state between checks.
+pub struct Monitor {
+    name: String,
+    health: HealthRegistry,
+    registry: Option<Arc<RegistryClient>>,
+    registry_reachable: Arc<AtomicBool>,
+    last_registry_probe: Option<Instant>,
+    last_paused_end_probe: Option<Instant>,
+    paused_end_probe_running: Arc<AtomicBool>,
+    /// The last query found paused partitions (so the next one clears them).
+    paused_ends_reported: bool,
+    /// Permissions found missing by the last diagnosis (see [`crate::preflight`]).
+    missing_permissions: Arc<Mutex<Vec<String>>>,
+    permissions: PermissionCheck,
+}
+
+impl Monitor {
+    /// A monitor reporting to `health` under `name`.
+    pub fn new(name: &str, health: HealthRegistry, registry: Option<Arc<RegistryClient>>) -> Self {
+        Self {
+            name: name.to_owned(),
+            health,
+            registry_reachable: Arc::new(AtomicBool::new(registry.is_none())),
+            registry,
+            last_registry_probe: None,
+            last_paused_end_probe: None,
+            paused_end_probe_running: Arc::new(AtomicBool::new(false)),
+            paused_ends_reported: false,
+            missing_permissions: Arc::new(Mutex::new(Vec::new())),
+            permissions: PermissionCheck::default(),
+        }
+    }
+
+    /// One check: stalls, probes, permissions, readiness.
+    pub fn check(
+        &mut self,
+        config: &ConnectionConfig,
+        consumer: &Arc<Consumer_>,
+        partitions: &mut PartitionSet<Arc<TriggerRuntime>>,
+        triggers: &[Arc<TriggerRuntime>],
+        tasks: &TaskTracker,
+    ) {
+        self.probe_registry();
+        let brokers_up = consumer.context().brokers_up();
+        if let Some(up) = brokers_up {
+            metrics::brokers_up(&self.name, up);
+        }
+        self.check_permissions(
+            config,
+            consumer.context().take_authorization_refused(),
+            tasks,
+        );
+        let mut health = ConnectionHealth {
+            brokers_up: brokers_up.unwrap_or(false),
+            registry_reachable: self.registry_reachable.load(Ordering::SeqCst),
+            assigned_partitions: partitions.len(),
+            kafka_error: consumer.context().connect_failure().map(|f| f.to_string()),
+            missing_permissions: self
+                .missing_permissions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            ..ConnectionHealth::default()
+        };
+        let after = Duration::from_millis(config.stall_after_ms);
+        let now = Instant::now();
+        for p in partitions.iter_mut() {
+            let backlog = p.backlog();
+            if backlog == 0 {
+                p.last_progress = now;
+            }
+            let trigger = &p.trigger.runtime;
+            let facts = StallFacts {
+                backlog,
+                without_progress: now.saturating_duration_since(p.last_progress),
+                trigger_stopped: trigger.stopped.load(Ordering::SeqCst),
+                recent_failure: trigger.recent_failure(after),
+                commit_offset: p.tracker.commit_offset(),
+                paused: p.paused,
+            };
+            let reason = stall_reason(&facts, after);
+            let tp = &p.tp;
+            match (&p.stalled, &reason) {
+                (None, Some(r)) => tracing::warn!(connection = %self.name, topic = %tp.topic,
+                    partition = tp.partition, reason = %r,
+                    stalled_for_ms = facts.without_progress.as_millis() as u64, "partition stalled"),
+                (Some(_), None) => tracing::info!(connection = %self.name, topic = %tp.topic,
+                    partition = tp.partition, "partition progressing again"),
+                _ => {}
+            }
+            p.stalled = reason;
+            if let Some(r) = &p.stalled {
+                let _ = health.stalled_partitions.insert(tp.to_string(), r.clone());
+            }
+        }
+        for t in triggers {
+            // A refused dead-letter write is retried with backoff (at most max_backoff_ms
+            // apart), so a refusal within twice that is still current.
+            let window = Duration::from_millis(t.config.retry.max_backoff_ms.saturating_mul(2))
+                .max(STALL_CHECK * 10);
+            if let Some(p) = t.recent_missing_permission(window) {
+                if !health.missing_permissions.contains(&p) {
+                    health.missing_permissions.push(p);
+                }
+            }
+            if t.stopped.load(Ordering::SeqCst) {
+                let reason = t.recent_failure(Duration::MAX).unwrap_or_default();
+                let _ = health.stopped_triggers.insert(t.name.clone(), reason);
+            }
+        }
+        metrics::stalled(&self.name, health.stalled_partitions.len());
+        self.health.set(&self.name, health);
+        self.probe_paused_ends(consumer, partitions);
+    }
+
+    fn probe_registry(&mut self) {
+        let Some(registry) = &self.registry else {
+            return;
+        };
+        if self
+            .last_registry_probe
+            .is_some_and(|t| t.elapsed() < REGISTRY_PROBE)
+        {
+            return;
+        }
+        self.last_registry_probe = Some(Instant::now());
+        let registry = Arc::clone(registry);
+        let flag = Arc::clone(&self.registry_reachable);
+        drop(tokio::spawn(async move {
+            let ok = registry.probe().await.is_ok();
+            flag.store(ok, Ordering::SeqCst);
+        }));
+    }
+
+    /// After the broker refused an operation for lack of a permission (and while one is
+    /// reported missing), works out which permissions are missing with the same probes as
+    /// `tessel-kafka check`, off the runtime, and reports them in the log and `/readyz`.
+    fn check_permissions(&mut self, config: &ConnectionConfig, refused: bool, tasks: &TaskTracker) {
+        let reported = !self
+            .missing_permissions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if !self.permissions.due(Instant::now(), refused, reported) {
+            return;
+        }
+        let name = self.name.clone();
+        let config = config.clone();
+        let slot = Arc::clone(&self.missing_permissions);
+        drop(tasks.spawn_blocking(move || {
+            let missing = crate::preflight::missing_consumer_permissions(&name, &config);
+            let mut current = slot.lock().unwrap_or_else(|p| p.into_inner());
+            if *current != missing {
+                if missing.is_empty() {
+                    tracing::info!(connection = %name, "permissions present again");
+                } else {
+                    // The message repeats the product page's words ("missing READ on group
+                    // G") so operators can grep for them.
+                    tracing::error!(connection = %name, missing = %missing.join(", "), "missing {}", missing.join(", missing "));
+                }
+                *current = missing;
+            }
+        }));
+    }
+
+    /// Queries the end offsets of paused partitions (off the async threads, one probe at a
+    /// time), so their lag keeps following the log while they are not fetched.
+    fn probe_paused_ends(
+        &mut self,
+        consumer: &Arc<Consumer_>,
+        partitions: &PartitionSet<Arc<TriggerRuntime>>,
+    ) {
+        if self
+            .last_paused_end_probe
+            .is_some_and(|t| t.elapsed() < PAUSED_END_PROBE)
+            || self.paused_end_probe_running.load(Ordering::SeqCst)
+        {
+            return;
+        }
+        self.last_paused_end_probe = Some(Instant::now());
+        let paused: Vec<TopicPartition> = partitions
+            .iter()
+            .filter(|p| p.paused)
+            .map(|p| p.tp.clone())
+            .collect();
+        if paused.is_empty() && !self.paused_ends_reported {
+            return;
+        }
+        self.paused_ends_reported = !paused.is_empty();
+        self.paused_end_probe_running.store(true, Ordering::SeqCst);
+        let running = Arc::clone(&self.paused_end_probe_running);
+        let consumer = Arc::clone(consumer);
+        drop(tokio::task::spawn_blocking(move || {
+            // One deadline for the whole probe, so an unreachable cluster holds this
+            // thread (and the consumer) only briefly.
+            let deadline = Instant::now() + PAUSED_END_PROBE;
+            let mut ends = std::collections::HashMap::new();
+            for tp in paused {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                if let Ok((_, high)) = consumer.fetch_watermarks(&tp.topic, tp.partition, left) {
+                    let _ = ends.insert((tp.topic, tp.partition), high);
+                }
+            }
+            consumer.context().set_paused_ends(ends);
+            running.store(false, Ordering::SeqCst);
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AFTER: Duration = Duration::from_secs(30);
+
+    fn stalled(f: StallFacts) -> Option<String> {
+        stall_reason(&f, AFTER)
+    }
+
+    #[test]
+    fn no_backlog_or_recent_progress_is_no_stall() {
+        let idle = StallFacts {
+            backlog: 0,
+            without_progress: AFTER * 10,
+            ..StallFacts::default()
+        };
+        assert_eq!(stalled(idle), None);
+        let busy = StallFacts {
+            backlog: 5,
+            without_progress: AFTER - Duration::from_millis(1),
+            ..StallFacts::default()
+        };
+        assert_eq!(stalled(busy), None);
+    }
+
+    #[test]
+    fn the_reason_names_the_most_specific_cause() {
+        let base = StallFacts {
+            backlog: 3,
+            without_progress: AFTER,
+            commit_offset: Some(41),
+            ..StallFacts::default()
+        };
+        assert_eq!(stalled(base.clone()).unwrap(), "waiting for runs in flight");
+        let paused = StallFacts {
+            paused: true,
+            ..base.clone()
+        };
+        assert_eq!(
+            stalled(paused.clone()).unwrap(),
+            "paused: the partition's buffer is full"
+        );
+        let parked = StallFacts {
+            recent_failure: Some("dispatcher failing: HTTP 503".into()),
+            ..paused
+        };
+        assert_eq!(
+            stalled(parked.clone()).unwrap(),
+            "key parked at offset 41: a message is being retried (dispatcher failing: HTTP 503)"
+        );
+        let stopped = StallFacts {
+            trigger_stopped: true,
+            ..parked
+        };
+        assert_eq!(
+            stalled(stopped).unwrap(),
+            "trigger stopped by a configuration error"
+        );
+    }
+
+    #[test]
+    fn permissions_are_diagnosed_after_a_refusal_and_rechecked_while_missing() {
+        let mut c = PermissionCheck::default();
+        let t0 = Instant::now();
+        assert!(
+            !c.due(t0, false, false),
+            "nothing refused, nothing reported"
+        );
+        assert!(c.due(t0, true, false), "a refusal: diagnose");
+        assert!(
+            !c.due(t0 + Duration::from_secs(1), true, true),
+            "not twice within 10 s"
+        );
+        // The refusal seen meanwhile is remembered for when the rest ends.
+        assert!(c.due(t0 + PERMISSION_RECHECK, false, false));
+        assert!(
+            !c.due(t0 + PERMISSION_RECHECK * 2, false, false),
+            "nothing left to look at"
+        );
+        assert!(
+            c.due(t0 + PERMISSION_RECHECK * 3, false, true),
+            "reported missing: recheck"
+        );
+    }
+}
