@@ -6,11 +6,11 @@ use tokio_util::task::TaskTracker;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::admin::health::HealthRegistry;
 use crate::config::Config;
-use crate::health::HealthRegistry;
-use crate::kafka::produce_only::ProduceOnly;
 use crate::kafka::supervisor::{ConnectionSupervisor, SharedClients, SupervisorError};
 use crate::produce::api::ProduceApi;
+use crate::produce::produce_only::ProduceOnly;
 use crate::produce::Publisher;
 
 /// The running daemon.
@@ -34,7 +34,7 @@ impl App {
         for (name, c) in &config.connections {
             // Every configured connection is in /readyz from the start, not ready until it
             // reports: "ready" must never mean "no connection has said anything yet".
-            health.set(name, crate::health::ConnectionHealth::default());
+            health.set(name, crate::admin::health::ConnectionHealth::default());
             let produces = config.produce.grants_connection(name);
             let shared = SharedClients::try_new(name, c, produces)?;
             if let (true, Some(producer)) = (produces, &shared.producer) {

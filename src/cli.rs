@@ -108,7 +108,7 @@ pub enum OffsetsCommand {
         connection: Option<String>,
         /// earliest, latest, timestamp:<ms since the epoch> or offset:<n>.
         #[arg(long)]
-        to: crate::tools::ResetTo,
+        to: crate::ops::tools::ResetTo,
         /// Only this topic (default: all of the connection's topics).
         #[arg(long)]
         topic: Option<String>,

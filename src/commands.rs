@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use crate::cli::{Cli, Command, ConfigCommand, DlqCommand, OffsetsCommand};
 use crate::config::{Config, LogConfig};
 use crate::dev_dispatcher::{DevDispatcher, Faults};
-use crate::{app::App, shutdown, telemetry, tools};
+use crate::ops::tools;
+use crate::{app::App, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
 
 /// Runs the command `cli` names.
@@ -203,7 +204,7 @@ async fn check_command(config: &std::path::Path, json: bool) -> ExitCode {
     if std::env::var_os("RUST_LOG").is_some() {
         let _ = telemetry::init_tracing(&config.log, None);
     }
-    let lines = crate::preflight::run(&config).await;
+    let lines = crate::ops::check::run(&config).await;
     let out = if json {
         format!(
             "{}\n",
@@ -215,13 +216,13 @@ async fn check_command(config: &std::path::Path, json: bool) -> ExitCode {
             .iter()
             .map(|n| format!("# note: {n}\n"))
             .collect();
-        notes + &crate::preflight::render_table(&lines)
+        notes + &crate::ops::check::render_table(&lines)
     };
     // A closed pipe (`check | head`) is not an error of the check.
     let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes());
     let failed = lines
         .iter()
-        .filter(|l| l.status == crate::preflight::CheckStatus::Fail)
+        .filter(|l| l.status == crate::ops::check::CheckStatus::Fail)
         .count();
     if failed == 0 {
         ExitCode::SUCCESS

@@ -1,6 +1,8 @@
 //! The daemon's own HTTP server: `/metrics`, `/healthz`, `/readyz`, and the produce API's
 //! routes (`crate::produce::api`).
 
+pub mod health;
+
 use std::net::SocketAddr;
 
 use axum::extract::State;
@@ -11,7 +13,7 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::health::HealthRegistry;
+use crate::admin::health::HealthRegistry;
 
 #[derive(Clone)]
 struct AdminState {

@@ -85,12 +85,12 @@ pub fn dispatcher_answer(text: &str) {
         let _ = tokio::time::Instant::now().checked_add(wait);
         assert!(wait <= std::time::Duration::from_secs(300));
     }
-    let headers = [crate::event::EventHeader {
+    let headers = [crate::dispatch::event::EventHeader {
         name: "traceparent".into(),
         value: Some(text.to_owned()),
         encoding: "utf8",
     }];
-    if let Some(tp) = crate::event::traceparent(&headers) {
+    if let Some(tp) = crate::dispatch::event::traceparent(&headers) {
         assert!(reqwest::header::HeaderValue::from_str(tp).is_ok(), "{tp:?}");
     }
     let redacted = crate::config::redact_text(text);

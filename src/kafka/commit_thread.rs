@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use super::committer::CommitResult;
 use super::context::ConnectorContext;
-use crate::event::TopicPartition;
+use crate::dispatch::event::TopicPartition;
 use crate::telemetry::metrics;
 
 type Consumer_ = BaseConsumer<ConnectorContext>;

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::event::TopicPartition;
+use crate::dispatch::event::TopicPartition;
 
 /// A wanted commit whose answer never came is sent again after this long.
 pub const RESEND_AFTER: Duration = Duration::from_secs(1);

@@ -19,16 +19,18 @@ use rdkafka::error::KafkaError;
 use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 
-use super::security::{classify_connect_error, failure_in_log, ConnectFailure, MskIamSigner};
+use super::security::{classify_connect_error, ConnectFailure, MskIamSigner, SecurityContext};
 use super::{AssignedPartition, ConsumerEvent};
-use crate::event::TopicPartition;
+use crate::dispatch::event::TopicPartition;
 
 /// How long an assignment waits for the group's committed offsets.
 const COMMITTED_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Context shared by the consumer of one connection.
 pub struct ConnectorContext {
-    connection: String,
+    /// What every client of the connection does: log forwarding, OAUTHBEARER tokens, the
+    /// last connection failure.
+    client: SecurityContext,
     events: mpsc::Sender<ConsumerEvent>,
     /// Set once the supervisor has committed for shutdown: callbacks then do nothing.
     closing: AtomicBool,
@@ -38,10 +40,6 @@ pub struct ConnectorContext {
     brokers_up: AtomicBool,
     /// Whether any statistics report arrived yet.
     stats_seen: AtomicBool,
-    /// Signs MSK IAM tokens, when the connection uses AWS_MSK_IAM.
-    signer: Option<Arc<MskIamSigner>>,
-    /// The last authentication, TLS or connection failure, until a broker is up again.
-    connect_failure: Mutex<Option<ConnectFailure>>,
     /// Set when the broker refused an operation for lack of a permission.
     authorization_refused: AtomicBool,
     /// End offsets (last stable offsets) of paused partitions, queried by the supervisor: a
@@ -63,14 +61,12 @@ impl ConnectorContext {
         signer: Option<Arc<MskIamSigner>>,
     ) -> Self {
         Self {
-            connection,
+            client: SecurityContext::new(&connection, signer),
             events,
             closing: AtomicBool::new(false),
             revoke_wait,
             brokers_up: AtomicBool::new(false),
             stats_seen: AtomicBool::new(false),
-            signer,
-            connect_failure: Mutex::new(None),
             authorization_refused: AtomicBool::new(false),
             paused_ends: Mutex::new(HashMap::new()),
             assigned: Mutex::new(HashMap::new()),
@@ -112,7 +108,7 @@ impl ConnectorContext {
                 }
             }
             crate::telemetry::metrics::remove_consumer_lag(
-                &self.connection,
+                self.client.connection(),
                 e.topic(),
                 e.partition(),
             );
@@ -126,10 +122,7 @@ impl ConnectorContext {
 
     /// The last authentication or TLS failure, while no broker is up.
     pub(crate) fn connect_failure(&self) -> Option<ConnectFailure> {
-        self.connect_failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.client.last_failure()
     }
 
     /// Notes an error from librdkafka: connection failures for readiness, authorization
@@ -138,10 +131,7 @@ impl ConnectorContext {
         use rdkafka::types::RDKafkaErrorCode as C;
         if let Some(f) = classify_connect_error(error, reason) {
             if !matches!(f, ConnectFailure::Unreachable(_)) {
-                *self
-                    .connect_failure
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Some(f);
+                self.client.record(f);
             }
         }
         if matches!(
@@ -203,18 +193,11 @@ impl ClientContext for ConnectorContext {
         &self,
         _oauthbearer_config: Option<&str>,
     ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
-        super::security::oauth_token(self.signer.as_deref())
+        self.client.oauth_token()
     }
 
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
-        let c = self.connection.as_str();
-        if let Some(f) = failure_in_log(log_message) {
-            *self
-                .connect_failure
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = Some(f);
-        }
-        log_to_tracing(c, level, fac, log_message);
+        self.client.log(level, fac, log_message);
     }
 
     /// librdkafka's statistics: broker reachability for readiness, consumer lag per assigned
@@ -228,10 +211,7 @@ impl ClientContext for ConnectorContext {
         self.brokers_up.store(up, Ordering::SeqCst);
         self.stats_seen.store(true, Ordering::SeqCst);
         if up {
-            *self
-                .connect_failure
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = None;
+            self.client.clear_failure();
         }
         let paused_ends = self.paused_ends.lock().unwrap_or_else(|p| p.into_inner());
         let mut assigned = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
@@ -263,7 +243,7 @@ impl ClientContext for ConnectorContext {
                 };
                 if let Some(lag) = lag(end, p.committed_offset, start) {
                     crate::telemetry::metrics::consumer_lag(
-                        &self.connection,
+                        self.client.connection(),
                         topic,
                         *partition,
                         lag,
@@ -275,7 +255,7 @@ impl ClientContext for ConnectorContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         self.note_error(&error, reason);
-        tracing::warn!(target: "librdkafka", connection = %self.connection, error = %error, "kafka client error: {reason}");
+        tracing::warn!(target: "librdkafka", connection = %self.client.connection(), error = %error, "kafka client error: {reason}");
     }
 }
 
@@ -314,7 +294,7 @@ impl ConsumerContext for ConnectorContext {
                 // (messages are returned by poll, on this thread, after this callback).
                 let committed = consumer.committed_offsets((*tpl).clone(), COMMITTED_TIMEOUT);
                 if let Err(e) = &committed {
-                    tracing::warn!(connection = %self.connection, error = %e, "cannot read committed offsets; runs accepted above a gap may be offered again");
+                    tracing::warn!(connection = %self.client.connection(), error = %e, "cannot read committed offsets; runs accepted above a gap may be offered again");
                 }
                 let partitions = partitions_of(tpl)
                     .into_iter()
@@ -342,7 +322,7 @@ impl ConsumerContext for ConnectorContext {
                     .blocking_send(ConsumerEvent::Assigned(partitions));
             }
             Rebalance::Error(e) => {
-                tracing::warn!(connection = %self.connection, error = %e, "rebalance failed");
+                tracing::warn!(connection = %self.client.connection(), error = %e, "rebalance failed");
             }
             _ => {}
         }
@@ -358,14 +338,14 @@ impl ConsumerContext for ConnectorContext {
             Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => return,
             Err(e) => Some(e.to_string()),
         };
-        crate::telemetry::metrics::commit(&self.connection, overall.is_none());
+        crate::telemetry::metrics::commit(self.client.connection(), overall.is_none());
         match &overall {
             None => {
-                tracing::debug!(connection = %self.connection, partitions = offsets.count(), "offsets committed")
+                tracing::debug!(connection = %self.client.connection(), partitions = offsets.count(), "offsets committed")
             }
             // The supervisor sends a refused commit again and says so once per refusal streak.
             Some(e) => {
-                tracing::debug!(connection = %self.connection, error = %e, "offset commit refused")
+                tracing::debug!(connection = %self.client.connection(), error = %e, "offset commit refused")
             }
         }
         let results: Vec<super::committer::CommitResult> = offsets

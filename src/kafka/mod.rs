@@ -21,8 +21,6 @@ pub mod monitor;
 pub mod offsets;
 pub mod partitions;
 mod poll_loop;
-pub mod produce_only;
-pub mod producer;
 pub mod scheduler;
 pub mod security;
 pub mod supervisor;
@@ -33,7 +31,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedMessage;
 
 use crate::config::ConnectionConfig;
-use crate::event::TopicPartition;
+use crate::dispatch::event::TopicPartition;
 
 /// What the poll thread and the callbacks hand to the supervisor, in order.
 #[derive(Debug)]

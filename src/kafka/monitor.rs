@@ -17,10 +17,10 @@ use tokio_util::task::TaskTracker;
 use super::context::ConnectorContext;
 use super::partitions::PartitionSet;
 use super::worker::TriggerRuntime;
+use crate::admin::health::{ConnectionHealth, HealthRegistry};
 use crate::codec::registry::RegistryClient;
 use crate::config::ConnectionConfig;
-use crate::event::TopicPartition;
-use crate::health::{ConnectionHealth, HealthRegistry};
+use crate::dispatch::event::TopicPartition;
 use crate::telemetry::metrics;
 
 type Consumer_ = rdkafka::consumer::BaseConsumer<ConnectorContext>;
@@ -109,7 +109,7 @@ pub struct Monitor {
     paused_end_probe_running: Arc<AtomicBool>,
     /// The last query found paused partitions (so the next one clears them).
     paused_ends_reported: bool,
-    /// Permissions found missing by the last diagnosis (see [`crate::preflight`]).
+    /// Permissions found missing by the last diagnosis (see [`crate::ops::check`]).
     missing_permissions: Arc<Mutex<Vec<String>>>,
     permissions: PermissionCheck,
 }
@@ -248,7 +248,7 @@ impl Monitor {
         let config = config.clone();
         let slot = Arc::clone(&self.missing_permissions);
         drop(tasks.spawn_blocking(move || {
-            let missing = crate::preflight::missing_consumer_permissions(&name, &config);
+            let missing = crate::ops::check::missing_consumer_permissions(&name, &config);
             let mut current = slot.lock().unwrap_or_else(|p| p.into_inner());
             if *current != missing {
                 if missing.is_empty() {

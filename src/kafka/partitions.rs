@@ -23,7 +23,7 @@ use super::offsets::{OffsetTracker, Received};
 use super::scheduler::PartitionQueue;
 use super::AssignedPartition;
 use crate::config::Ordering;
-use crate::event::TopicPartition;
+use crate::dispatch::event::TopicPartition;
 
 /// An owned partition's slot. With the assignment's generation it names one assignment: a
 /// completion from an earlier assignment of the same slot is recognised and ignored.

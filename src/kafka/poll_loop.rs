@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 
 use super::context::ConnectorContext;
 use super::ConsumerEvent;
-use crate::event::TopicPartition;
+use crate::dispatch::event::TopicPartition;
 
 const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 const POSITION_INTERVAL: Duration = Duration::from_millis(200);

@@ -326,8 +326,10 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// A client context for producers and probes: forwards librdkafka's log to tracing, serves
-/// MSK IAM tokens, and remembers the last authentication, TLS or connection failure.
+/// The client context of every librdkafka client of a connection: forwards librdkafka's log to
+/// tracing, serves MSK IAM tokens, and remembers the last authentication, TLS or connection
+/// failure. Producers and probes use it as it is; the consumer's
+/// [`ConnectorContext`](super::context::ConnectorContext) is built on it.
 pub struct SecurityContext {
     connection: String,
     signer: Option<Arc<MskIamSigner>>,
@@ -390,8 +392,23 @@ impl SecurityContext {
         self.group_refused.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn record(&self, failure: ConnectFailure) {
+    pub(crate) fn record(&self, failure: ConnectFailure) {
         *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(failure);
+    }
+
+    /// Forgets the last failure (a broker is up again).
+    pub(crate) fn clear_failure(&self) {
+        *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The connection's name.
+    pub fn connection(&self) -> &str {
+        &self.connection
+    }
+
+    /// An OAUTHBEARER token (MSK IAM when configured).
+    pub(crate) fn oauth_token(&self) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        oauth_token(self.signer.as_deref())
     }
 }
 

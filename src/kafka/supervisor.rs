@@ -30,13 +30,13 @@ use super::monitor::{Monitor, STALL_CHECK};
 use super::partitions::{Actions, Arrival, Limits, PartitionId, PartitionSet, Start, TriggerSlot};
 use super::worker::{self, TriggerRuntime, WorkOutcome};
 use super::{consumer_config, AssignedPartition, ConsumerEvent};
+use crate::admin::health::HealthRegistry;
 use crate::codec::registry::RegistryClient;
 use crate::codec::Decoder;
 use crate::config::ConnectionConfig;
+use crate::dispatch::event::TopicPartition;
 use crate::dispatch::retry::Backoff;
 use crate::dispatch::HttpDispatcher;
-use crate::event::TopicPartition;
-use crate::health::HealthRegistry;
 use crate::telemetry::metrics;
 
 /// Why a connection could not start or stopped.
@@ -148,7 +148,7 @@ pub struct SharedClients {
     /// The registry client, when the connection has a registry.
     pub registry: Option<Arc<RegistryClient>>,
     /// The idempotent producer, when the connection produces (dead letters, produce API).
-    pub producer: Option<super::producer::IdempotentProducer>,
+    pub producer: Option<crate::produce::producer::IdempotentProducer>,
 }
 
 impl SharedClients {
@@ -176,12 +176,12 @@ impl SharedClients {
             .any(|t| t.on_error == crate::config::ErrorPolicy::DeadLetter);
         let producer = if dead_letters || produces {
             Some(
-                super::producer::IdempotentProducer::try_new(name, config).map_err(|source| {
-                    SupervisorError::Kafka {
+                crate::produce::producer::IdempotentProducer::try_new(name, config).map_err(
+                    |source| SupervisorError::Kafka {
                         connection: name.to_owned(),
                         source,
-                    }
-                })?,
+                    },
+                )?,
             )
         } else {
             None

@@ -29,12 +29,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::producer::{ExtraHeader, IdempotentProducer};
 use crate::codec::{DecodeError, Decoded, Decoder, Disposition, Field};
 use crate::config::{ErrorPolicy, TriggerConfig};
+use crate::dispatch::event::{self, EventSource};
 use crate::dispatch::retry::Backoff;
 use crate::dispatch::{DispatchOutcome, HttpDispatcher};
-use crate::event::{self, EventSource};
+use crate::produce::producer::{ExtraHeader, IdempotentProducer};
 use crate::telemetry::metrics;
 
 /// How long a trigger stopped by a configuration error waits between attempts.
@@ -75,6 +75,14 @@ pub struct TriggerRuntime {
 }
 
 impl TriggerRuntime {
+    /// The trigger's retry settings, for [`decide`].
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: self.config.retry.max_attempts,
+            schema_not_found: Duration::from_millis(self.config.retry.schema_not_found_ms),
+        }
+    }
+
     fn throttle_deadline(&self) -> Option<Instant> {
         *self
             .throttle_until
@@ -178,6 +186,119 @@ enum Step {
     Done(WorkOutcome),
     Retry { retry_after: Option<Duration> },
     Fail(Failure),
+}
+
+impl From<Next> for Step {
+    /// For every [`Next`] but `Fail`, whose [`Failure`] the caller describes.
+    fn from(next: Next) -> Self {
+        match next {
+            Next::Done(outcome) => Step::Done(outcome),
+            Next::Retry { retry_after } => Step::Retry { retry_after },
+            Next::Stop => Step::Retry {
+                retry_after: Some(STOPPED_RETRY),
+            },
+            Next::Fail(class) => Step::Fail(Failure {
+                stage: "DISPATCH",
+                class,
+                message: class.to_owned(),
+                status: None,
+                schema_id: None,
+            }),
+        }
+    }
+}
+
+/// What one attempt observed, as far as the next step depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    /// The dispatcher accepted the run (2xx, or 409 for a run it already has).
+    Accepted,
+    /// A transient dispatch failure (5xx, 429, timeout, connection error).
+    Retryable {
+        /// The dispatcher's Retry-After, if it sent one.
+        retry_after: Option<Duration>,
+    },
+    /// The dispatcher refused this message (4xx other than 401, 403, 409, 429).
+    Rejected,
+    /// No request can be built from this record.
+    Invalid,
+    /// The dispatcher refused the connector's credentials (401, 403).
+    Unauthorized,
+    /// The key or value could not be decoded.
+    Undecodable {
+        /// What the error means.
+        disposition: Disposition,
+        /// The registry does not know the schema id (yet).
+        schema_not_found: bool,
+        /// Since the schema id was first found missing.
+        missing_for: Duration,
+    },
+    /// The attempt panicked.
+    Panicked,
+}
+
+/// The retry settings [`decide`] applies.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Transient failures before `on_error` applies (0: no limit).
+    pub max_attempts: u32,
+    /// How long an unknown schema id is retried before `on_error` applies.
+    pub schema_not_found: Duration,
+}
+
+/// What happens next to a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// It is handled.
+    Done(WorkOutcome),
+    /// Try again after the backoff (or the dispatcher's Retry-After).
+    Retry {
+        /// The dispatcher's Retry-After.
+        retry_after: Option<Duration>,
+    },
+    /// `on_error` applies, with this error class.
+    Fail(&'static str),
+    /// A configuration error: the trigger stops and tries again every 30 s.
+    Stop,
+}
+
+/// The next step for a message after an attempt: `transient` counts its transient failures,
+/// this attempt's included. Pure; every branch is unit-tested.
+pub fn decide(observed: Observed, transient: u32, policy: &RetryPolicy) -> Next {
+    match observed {
+        Observed::Accepted => Next::Done(WorkOutcome::Accepted),
+        Observed::Retryable { retry_after } => {
+            if policy.max_attempts > 0 && transient >= policy.max_attempts {
+                Next::Fail("retries_exhausted")
+            } else {
+                Next::Retry { retry_after }
+            }
+        }
+        Observed::Rejected => Next::Fail("dispatch_rejected"),
+        Observed::Invalid => Next::Fail("request_invalid"),
+        Observed::Unauthorized => Next::Stop,
+        Observed::Undecodable {
+            disposition,
+            schema_not_found,
+            missing_for,
+        } => match disposition {
+            Disposition::Reject => Next::Fail("decode"),
+            Disposition::Retry if schema_not_found && missing_for >= policy.schema_not_found => {
+                Next::Fail("decode")
+            }
+            Disposition::Retry => Next::Retry { retry_after: None },
+            Disposition::Fatal => Next::Stop,
+        },
+        // A panic is retried like a transient failure, but never without limit: a record
+        // that panics the decoder would otherwise block its key for ever.
+        Observed::Panicked => {
+            if transient >= policy.max_attempts.max(1) {
+                Next::Fail("worker_panic")
+            } else {
+                Next::Retry { retry_after: None }
+            }
+        }
+    }
 }
 
 /// Per-message retry state.
@@ -318,17 +439,20 @@ fn on_panic(
         partition = msg.partition(), offset = msg.offset(), attempt = attempts.transient,
         error = %sanitize(&what), "worker panicked while handling the record; it is retried per the trigger's retry policy, then on_error applies"
     );
-    let budget = trigger.config.retry.max_attempts.max(1);
-    if attempts.transient >= budget {
-        return Step::Fail(Failure {
+    match decide(
+        Observed::Panicked,
+        attempts.transient,
+        &trigger.retry_policy(),
+    ) {
+        Next::Fail(class) => Step::Fail(Failure {
             stage: "DISPATCH",
-            class: "worker_panic",
+            class,
             message: format!("worker panicked: {what}"),
             status: None,
             schema_id: None,
-        });
+        }),
+        next => Step::from(next),
     }
-    Step::Retry { retry_after: None }
 }
 
 async fn attempt_once(
@@ -402,7 +526,11 @@ async fn attempt_once(
                 connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
                 partition = msg.partition(), offset = msg.offset(), "run accepted"
             );
-            Step::Done(WorkOutcome::Accepted)
+            Step::from(decide(
+                Observed::Accepted,
+                attempts.transient,
+                &trigger.retry_policy(),
+            ))
         }
         DispatchOutcome::Retryable {
             status,
@@ -420,17 +548,20 @@ async fn attempt_once(
                 partition = msg.partition(), offset = msg.offset(), status = ?status,
                 attempt = attempts.transient, error = %reason, "dispatch failed, will retry"
             );
-            let budget = trigger.config.retry.max_attempts;
-            if budget > 0 && attempts.transient >= budget {
-                return Step::Fail(Failure {
+            match decide(
+                Observed::Retryable { retry_after },
+                attempts.transient,
+                &trigger.retry_policy(),
+            ) {
+                Next::Fail(class) => Step::Fail(Failure {
                     stage: "DISPATCH",
-                    class: "retries_exhausted",
+                    class,
                     message: format!("{} attempts failed; last: {reason}", attempts.transient),
                     status,
                     schema_id,
-                });
+                }),
+                next => Step::from(next),
             }
-            Step::Retry { retry_after }
         }
         DispatchOutcome::Rejected { status, reason } => {
             trigger.resume();
@@ -440,9 +571,16 @@ async fn attempt_once(
                 partition = msg.partition(), offset = msg.offset(), status, error = %reason,
                 "dispatcher rejected the message"
             );
+            let Next::Fail(class) = decide(
+                Observed::Rejected,
+                attempts.transient,
+                &trigger.retry_policy(),
+            ) else {
+                unreachable!("a rejection always fails")
+            };
             Step::Fail(Failure {
                 stage: "DISPATCH",
-                class: "dispatch_rejected",
+                class,
                 message: format!("dispatcher answered HTTP {status}: {reason}"),
                 status: Some(status),
                 schema_id,
@@ -457,9 +595,16 @@ async fn attempt_once(
                 partition = msg.partition(), offset = msg.offset(), error = %reason,
                 "record cannot be sent to the dispatcher"
             );
+            let Next::Fail(class) = decide(
+                Observed::Invalid,
+                attempts.transient,
+                &trigger.retry_policy(),
+            ) else {
+                unreachable!("an invalid request always fails")
+            };
             Step::Fail(Failure {
                 stage: "DISPATCH",
-                class: "request_invalid",
+                class,
                 message: format!("request cannot be built: {reason}"),
                 status: None,
                 schema_id,
@@ -469,9 +614,11 @@ async fn attempt_once(
             trigger.stop(&format!(
                 "dispatcher answered HTTP {status} (check dispatcher.token): {reason}"
             ));
-            Step::Retry {
-                retry_after: Some(STOPPED_RETRY),
-            }
+            Step::from(decide(
+                Observed::Unauthorized,
+                attempts.transient,
+                &trigger.retry_policy(),
+            ))
         }
     }
 }
@@ -510,25 +657,28 @@ fn on_decode_error(
         status: None,
         schema_id: e.schema_id(),
     };
-    match e.disposition() {
-        Disposition::Reject => Step::Fail(failure()),
-        Disposition::Retry if e.class() == "schema_not_found" => {
-            let first = *attempts
-                .first_schema_not_found
-                .get_or_insert_with(Instant::now);
-            if first.elapsed() >= Duration::from_millis(trigger.config.retry.schema_not_found_ms) {
-                Step::Fail(failure())
-            } else {
-                Step::Retry { retry_after: None }
-            }
-        }
-        Disposition::Retry => Step::Retry { retry_after: None },
-        Disposition::Fatal => {
+    let schema_not_found = e.class() == "schema_not_found";
+    let missing_for = if schema_not_found {
+        attempts
+            .first_schema_not_found
+            .get_or_insert_with(Instant::now)
+            .elapsed()
+    } else {
+        Duration::ZERO
+    };
+    let observed = Observed::Undecodable {
+        disposition: e.disposition(),
+        schema_not_found,
+        missing_for,
+    };
+    match decide(observed, attempts.transient, &trigger.retry_policy()) {
+        // The failure keeps the decoder's own class.
+        Next::Fail(_) => Step::Fail(failure()),
+        Next::Stop => {
             trigger.stop(&e.to_string());
-            Step::Retry {
-                retry_after: Some(STOPPED_RETRY),
-            }
+            Step::from(Next::Stop)
         }
+        next => Step::from(next),
     }
 }
 
@@ -569,17 +719,18 @@ async fn apply_error_policy(
                 }
                 Err(e) => {
                     let fatal = producer.fatal_error();
-                    let reason = match super::producer::refused_write(&e, fatal.as_ref(), topic) {
-                        Some(reason) => {
-                            *trigger
-                                .missing_permission
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner()) =
-                                Some((Instant::now(), format!("WRITE on topic {topic}")));
-                            reason
-                        }
-                        None => e.to_string(),
-                    };
+                    let reason =
+                        match crate::produce::producer::refused_write(&e, fatal.as_ref(), topic) {
+                            Some(reason) => {
+                                *trigger
+                                    .missing_permission
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner()) =
+                                    Some((Instant::now(), format!("WRITE on topic {topic}")));
+                                reason
+                            }
+                            None => e.to_string(),
+                        };
                     trigger.failed(&format!("cannot write to the dead-letter topic: {reason}"));
                     tracing::error!(
                         connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
@@ -671,7 +822,106 @@ async fn decode(
 
 #[cfg(test)]
 mod tests {
-    use super::sanitize;
+    use super::{decide, sanitize, Disposition, Next, Observed, RetryPolicy, WorkOutcome};
+    use std::time::Duration;
+
+    const POLICY: RetryPolicy = RetryPolicy {
+        max_attempts: 3,
+        schema_not_found: Duration::from_secs(60),
+    };
+    const UNLIMITED: RetryPolicy = RetryPolicy {
+        max_attempts: 0,
+        ..POLICY
+    };
+
+    #[test]
+    fn an_accepted_run_is_done() {
+        assert_eq!(
+            decide(Observed::Accepted, 0, &POLICY),
+            Next::Done(WorkOutcome::Accepted)
+        );
+    }
+
+    #[test]
+    fn transient_failures_retry_until_the_budget_then_fail() {
+        let ra = Some(Duration::from_secs(2));
+        let observed = Observed::Retryable { retry_after: ra };
+        assert_eq!(
+            decide(observed, 1, &POLICY),
+            Next::Retry { retry_after: ra }
+        );
+        assert_eq!(
+            decide(observed, 2, &POLICY),
+            Next::Retry { retry_after: ra }
+        );
+        assert_eq!(
+            decide(observed, 3, &POLICY),
+            Next::Fail("retries_exhausted")
+        );
+        // max_attempts = 0: until the dispatcher recovers.
+        assert_eq!(
+            decide(observed, 1_000_000, &UNLIMITED),
+            Next::Retry { retry_after: ra }
+        );
+    }
+
+    #[test]
+    fn rejections_and_invalid_requests_fail_at_once_and_credentials_stop_the_trigger() {
+        assert_eq!(
+            decide(Observed::Rejected, 0, &UNLIMITED),
+            Next::Fail("dispatch_rejected")
+        );
+        assert_eq!(
+            decide(Observed::Invalid, 0, &UNLIMITED),
+            Next::Fail("request_invalid")
+        );
+        assert_eq!(decide(Observed::Unauthorized, 9, &POLICY), Next::Stop);
+    }
+
+    #[test]
+    fn decode_errors_follow_their_disposition() {
+        let undecodable = |disposition, schema_not_found, missing_for| Observed::Undecodable {
+            disposition,
+            schema_not_found,
+            missing_for,
+        };
+        let reject = undecodable(Disposition::Reject, false, Duration::ZERO);
+        assert_eq!(decide(reject, 0, &POLICY), Next::Fail("decode"));
+        // A registry outage is retried without limit, whatever max_attempts says.
+        let outage = undecodable(Disposition::Retry, false, Duration::ZERO);
+        assert_eq!(
+            decide(outage, 50, &POLICY),
+            Next::Retry { retry_after: None }
+        );
+        // An unknown schema id is retried for schema_not_found, then fails.
+        let missing = |d| undecodable(Disposition::Retry, true, d);
+        assert_eq!(
+            decide(missing(Duration::from_secs(59)), 0, &POLICY),
+            Next::Retry { retry_after: None }
+        );
+        assert_eq!(
+            decide(missing(Duration::from_secs(60)), 0, &POLICY),
+            Next::Fail("decode")
+        );
+        let fatal = undecodable(Disposition::Fatal, false, Duration::ZERO);
+        assert_eq!(decide(fatal, 0, &POLICY), Next::Stop);
+    }
+
+    #[test]
+    fn a_panic_is_retried_within_the_budget_and_never_without_limit() {
+        assert_eq!(
+            decide(Observed::Panicked, 1, &POLICY),
+            Next::Retry { retry_after: None }
+        );
+        assert_eq!(
+            decide(Observed::Panicked, 3, &POLICY),
+            Next::Fail("worker_panic")
+        );
+        assert_eq!(
+            decide(Observed::Panicked, 1, &UNLIMITED),
+            Next::Fail("worker_panic")
+        );
+    }
 
     #[test]
     fn sanitize_removes_credentials_and_newlines() {

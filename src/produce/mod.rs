@@ -8,6 +8,8 @@
 
 pub mod api;
 pub mod command;
+pub mod produce_only;
+pub mod producer;
 mod request;
 
 use std::collections::HashMap;
@@ -23,7 +25,7 @@ pub use request::{parse_request, parse_value, MessageIn, ProduceRequest, Request
 use crate::codec::encode::{EncodeError, Encoder, ProduceFormat};
 use crate::codec::registry::RegistryError;
 use crate::config::ConnectionConfig;
-use crate::kafka::producer::{
+use crate::produce::producer::{
     refused_write, IdempotentProducer, OutRecord, TransactionError, TransactionalProducer,
 };
 

@@ -10,8 +10,8 @@ use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::Timestamp;
 
-use super::security::{ConnectFailure, MskIamSigner, SecurityContext};
 use crate::config::ConnectionConfig;
+use crate::kafka::security::{ConnectFailure, MskIamSigner, SecurityContext};
 
 /// The producer client: its context forwards librdkafka's log and serves MSK IAM tokens.
 type Client = FutureProducer<SecurityContext>;

@@ -14,8 +14,8 @@ use serde::Serialize;
 use crate::codec::registry::RegistryClient;
 use crate::codec::{Decoder, Field};
 use crate::config::{Config, ConnectionConfig};
+use crate::dispatch::event::{self, EventSource};
 use crate::dispatch::{DispatchOutcome, HttpDispatcher};
-use crate::event::{self, EventSource};
 use crate::kafka::security::SecurityContext;
 
 const TIMEOUT: Duration = Duration::from_secs(15);

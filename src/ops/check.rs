@@ -476,7 +476,7 @@ fn write_checks(
     produced: &BTreeSet<String>,
 ) {
     let producer_cfg = |idempotent: bool| {
-        let mut cfg = crate::kafka::producer::producer_config(name, conn);
+        let mut cfg = crate::produce::producer::producer_config(name, conn);
         if !idempotent {
             // acks=2 is refused by the broker after authorization and before any write
             // (INVALID_REQUIRED_ACKS), so the probe never leaves a record behind.

@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::producer::IdempotentProducer;
+use crate::admin::health::{ConnectionHealth, HealthRegistry};
 use crate::codec::registry::RegistryClient;
-use crate::health::{ConnectionHealth, HealthRegistry};
 use crate::telemetry::metrics;
 
 /// Pause between two probes.
