@@ -4,17 +4,34 @@
 //! waiting or in flight; messages without a key form one sequence of their own. `partition`:
 //! one message in flight per partition, in offset order. `unordered`: any message. Pure.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use crate::config::Ordering;
 
-/// A partition's waiting messages and the keys it has in flight.
+/// A message key (None: no key; such messages form one sequence of their own).
+pub type Key = Option<Vec<u8>>;
+
+/// A partition's waiting messages and the keys it has in flight. Every operation is O(1)
+/// (amortised): with `key` ordering each key has its own queue, and keys that may start are
+/// kept in a queue of their own, so a start never scans the waiting messages.
 #[derive(Debug)]
 pub struct PartitionQueue<T> {
     ordering: Ordering,
-    waiting: VecDeque<(Option<Vec<u8>>, T)>,
-    in_flight_keys: HashMap<Option<Vec<u8>>, usize>,
+    /// `partition` and `unordered`: the waiting messages in offset order.
+    fifo: VecDeque<(Key, T)>,
+    /// `key`: per key with something waiting or in flight, its waiting messages in offset
+    /// order and whether one is in flight.
+    keys: HashMap<Key, KeyQueue<T>>,
+    /// `key`: keys with a waiting message and none in flight, in the order they became so.
+    ready: VecDeque<Key>,
+    waiting: usize,
     in_flight: usize,
+}
+
+#[derive(Debug)]
+struct KeyQueue<T> {
+    waiting: VecDeque<T>,
+    in_flight: bool,
 }
 
 impl<T> PartitionQueue<T> {
@@ -22,56 +39,77 @@ impl<T> PartitionQueue<T> {
     pub fn new(ordering: Ordering) -> Self {
         Self {
             ordering,
-            waiting: VecDeque::new(),
-            in_flight_keys: HashMap::new(),
+            fifo: VecDeque::new(),
+            keys: HashMap::new(),
+            ready: VecDeque::new(),
+            waiting: 0,
             in_flight: 0,
         }
     }
 
     /// Appends a message (in offset order).
-    pub fn push(&mut self, key: Option<Vec<u8>>, item: T) {
-        self.waiting.push_back((key, item));
+    pub fn push(&mut self, key: Key, item: T) {
+        self.waiting += 1;
+        if self.ordering != Ordering::Key {
+            self.fifo.push_back((key, item));
+            return;
+        }
+        match self.keys.get_mut(&key) {
+            Some(k) => k.waiting.push_back(item),
+            None => {
+                let _ = self.keys.insert(
+                    key.clone(),
+                    KeyQueue {
+                        waiting: VecDeque::from([item]),
+                        in_flight: false,
+                    },
+                );
+                self.ready.push_back(key);
+            }
+        }
     }
 
     /// Removes and returns the first message allowed to start, marking its key in flight.
-    pub fn pop_startable(&mut self) -> Option<(Option<Vec<u8>>, T)> {
-        let index = match self.ordering {
-            Ordering::Unordered => (!self.waiting.is_empty()).then_some(0),
-            Ordering::Partition => (self.in_flight == 0 && !self.waiting.is_empty()).then_some(0),
+    pub fn pop_startable(&mut self) -> Option<(Key, T)> {
+        let popped = match self.ordering {
+            Ordering::Unordered => self.fifo.pop_front(),
+            Ordering::Partition if self.in_flight == 0 => self.fifo.pop_front(),
+            Ordering::Partition => None,
             Ordering::Key => {
-                let mut earlier: HashSet<Option<&[u8]>> = HashSet::new();
-                let mut found = None;
-                for (i, (key, _)) in self.waiting.iter().enumerate() {
-                    let k = key.as_deref();
-                    if !earlier.contains(&k) && !self.in_flight_keys.contains_key(key) {
-                        found = Some(i);
-                        break;
-                    }
-                    let _ = earlier.insert(k);
-                }
-                found
+                let key = self.ready.pop_front()?;
+                let k = self.keys.get_mut(&key)?;
+                let item = k.waiting.pop_front()?;
+                k.in_flight = true;
+                Some((key, item))
             }
-        }?;
-        let (key, item) = self.waiting.remove(index)?;
-        self.in_flight += 1;
-        *self.in_flight_keys.entry(key.clone()).or_default() += 1;
-        Some((key, item))
+        };
+        if popped.is_some() {
+            self.waiting -= 1;
+            self.in_flight += 1;
+        }
+        popped
     }
 
     /// A started message finished (accepted, skipped or abandoned).
-    pub fn finished(&mut self, key: &Option<Vec<u8>>) {
+    pub fn finished(&mut self, key: &Key) {
         self.in_flight = self.in_flight.saturating_sub(1);
-        if let Some(n) = self.in_flight_keys.get_mut(key) {
-            *n -= 1;
-            if *n == 0 {
-                let _ = self.in_flight_keys.remove(key);
-            }
+        if self.ordering != Ordering::Key {
+            return;
+        }
+        let Some(k) = self.keys.get_mut(key) else {
+            return;
+        };
+        k.in_flight = false;
+        if k.waiting.is_empty() {
+            let _ = self.keys.remove(key);
+        } else {
+            self.ready.push_back(key.clone());
         }
     }
 
     /// Messages waiting to start.
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting
     }
 
     /// Messages started and not finished.
@@ -79,9 +117,16 @@ impl<T> PartitionQueue<T> {
         self.in_flight
     }
 
-    /// Drops every waiting message (revoke, shutdown).
+    /// Drops every waiting message (revoke, shutdown); keys in flight stay in flight.
     pub fn clear_waiting(&mut self) -> Vec<T> {
-        self.waiting.drain(..).map(|(_, t)| t).collect()
+        self.waiting = 0;
+        let mut out: Vec<T> = self.fifo.drain(..).map(|(_, t)| t).collect();
+        self.ready.clear();
+        self.keys.retain(|_, k| {
+            out.extend(k.waiting.drain(..));
+            k.in_flight
+        });
+        out
     }
 }
 
@@ -110,6 +155,48 @@ mod tests {
         q.finished(&None);
         assert_eq!(q.pop_startable().map(|x| x.1), Some(4));
         assert_eq!(q.in_flight(), 3);
+    }
+
+    #[test]
+    fn clearing_keeps_keys_in_flight_and_frees_the_rest() {
+        let mut q = PartitionQueue::new(Ordering::Key);
+        q.push(k("a"), 0);
+        q.push(k("a"), 1);
+        q.push(k("b"), 2);
+        assert_eq!(q.pop_startable().map(|x| x.1), Some(0));
+        let mut dropped = q.clear_waiting();
+        dropped.sort_unstable();
+        assert_eq!(dropped, vec![1, 2]);
+        assert_eq!((q.waiting(), q.in_flight()), (0, 1));
+        // A new message of the key in flight still waits for it.
+        q.push(k("a"), 3);
+        assert!(q.pop_startable().is_none());
+        q.finished(&k("a"));
+        assert_eq!(q.pop_startable().map(|x| x.1), Some(3));
+        q.finished(&k("a"));
+        assert!(
+            q.keys.is_empty() && q.ready.is_empty(),
+            "nothing kept for idle keys"
+        );
+    }
+
+    #[test]
+    fn a_start_behind_a_long_parked_key_does_not_scan_it() {
+        // 100,000 messages of a parked key, then one of another key: the other key starts at
+        // once, and the parked key's messages are not looked at (the test would take seconds
+        // with a scan per start).
+        let mut q = PartitionQueue::new(Ordering::Key);
+        q.push(k("parked"), 0);
+        assert!(q.pop_startable().is_some());
+        for i in 1..100_000 {
+            q.push(k("parked"), i);
+        }
+        for i in 0..10_000 {
+            q.push(k(&format!("other{i}")), 100_000 + i);
+            assert_eq!(q.pop_startable().map(|x| x.1), Some(100_000 + i));
+        }
+        assert!(q.pop_startable().is_none());
+        assert_eq!(q.waiting(), 99_999);
     }
 
     #[test]
