@@ -33,11 +33,15 @@ use rdkafka::message::OwnedMessage;
 use crate::config::ConnectionConfig;
 use crate::dispatch::event::TopicPartition;
 
+/// Capacity of the channel from the poll thread and the callbacks to the supervisor, in events.
+pub const EVENT_CHANNEL: usize = 8;
+
 /// What the poll thread and the callbacks hand to the supervisor, in order.
 #[derive(Debug)]
 pub enum ConsumerEvent {
-    /// A message.
-    Message(OwnedMessage),
+    /// Messages, in the order librdkafka returned them (at most
+    /// [`poll_loop::BATCH`]).
+    Messages(Vec<OwnedMessage>),
     /// The consumer's next-read positions, after the messages before this event (None: no
     /// position yet, as right after an assignment).
     Positions(Vec<(TopicPartition, Option<i64>)>),

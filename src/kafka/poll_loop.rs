@@ -2,7 +2,8 @@
 //!
 //! librdkafka's poll runs callbacks (rebalance, logs, commits) on the polling thread, and the
 //! revoke callback blocks until the async side has drained; that must never happen on a
-//! runtime worker, so polling has its own OS thread. After each idle poll, and at least every
+//! runtime worker, so polling has its own OS thread. Messages are handed over in batches of
+//! what librdkafka has ready. After each idle poll, and at least every
 //! 200 ms, it sends the consumer's positions: sent after the messages they follow, they let
 //! the offset tracker move past transaction markers and aborted records.
 
@@ -22,6 +23,11 @@ use crate::dispatch::event::TopicPartition;
 const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 const POSITION_INTERVAL: Duration = Duration::from_millis(200);
 
+/// Most messages handed over at once. With the supervisor's event channel of
+/// [`EVENT_CHANNEL`](super::EVENT_CHANNEL) events, at most 1,024 messages sit between librdkafka
+/// and the partition queues, where the byte budget counts them.
+pub(crate) const BATCH: usize = 128;
+
 /// Starts the poll thread. It stops when `stop` is set or the event receiver is gone; the
 /// consumer is closed where its last reference is dropped, which the supervisor arranges to
 /// be this thread.
@@ -36,14 +42,32 @@ pub(crate) fn spawn_poll_loop(
         .spawn(move || {
             let mut last_positions = Instant::now();
             while !stop.load(Ordering::SeqCst) {
-                let event = match consumer.poll(POLL_TIMEOUT) {
-                    Some(Ok(msg)) => Some(ConsumerEvent::Message(msg.detach())),
-                    Some(Err(e)) => Some(ConsumerEvent::Error(e)),
-                    None => None,
-                };
-                let idle = event.is_none();
-                if let Some(event) = event {
-                    if events.blocking_send(event).is_err() {
+                // What one poll returns, and then what is ready at once, up to BATCH messages:
+                // one hand-over (and one wake-up of the supervisor) per batch, not per message.
+                let mut batch = Vec::new();
+                let mut error = None;
+                let mut timeout = POLL_TIMEOUT;
+                while batch.len() < BATCH {
+                    match consumer.poll(timeout) {
+                        Some(Ok(msg)) => batch.push(msg.detach()),
+                        Some(Err(e)) => {
+                            error = Some(e);
+                            break;
+                        }
+                        None => break,
+                    }
+                    timeout = Duration::ZERO;
+                }
+                let idle = batch.is_empty() && error.is_none();
+                if !batch.is_empty()
+                    && events
+                        .blocking_send(ConsumerEvent::Messages(batch))
+                        .is_err()
+                {
+                    break;
+                }
+                if let Some(e) = error {
+                    if events.blocking_send(ConsumerEvent::Error(e)).is_err() {
                         break;
                     }
                 }

@@ -29,7 +29,7 @@ use super::context::ConnectorContext;
 use super::monitor::{Monitor, STALL_CHECK};
 use super::partitions::{Actions, Arrival, Limits, PartitionId, PartitionSet, Start, TriggerSlot};
 use super::worker::{self, TriggerRuntime, WorkOutcome};
-use super::{consumer_config, AssignedPartition, ConsumerEvent};
+use super::{consumer_config, AssignedPartition, ConsumerEvent, EVENT_CHANNEL};
 use crate::admin::health::HealthRegistry;
 use crate::codec::registry::RegistryClient;
 use crate::codec::Decoder;
@@ -128,7 +128,8 @@ pub struct ConnectionSupervisor {
     pending_revoke: Option<PendingRevoke>,
 }
 
-const EVENT_CHANNEL: usize = 1024;
+/// Most worker events handled before the loop looks at what may start.
+const COMPLETIONS_AT_ONCE: usize = 256;
 
 /// Accepted offsets reach the group within this interval plus one round trip. Commits are
 /// sent one request at a time from the commit thread, so a crash offers again only what was
@@ -319,7 +320,16 @@ impl ConnectionSupervisor {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
-                Some(e) = self.completions.recv() => self.on_worker_event(e),
+                Some(e) = self.completions.recv() => {
+                    self.on_worker_event(e);
+                    // Whatever else finished meanwhile, before deciding what starts next.
+                    for _ in 0..COMPLETIONS_AT_ONCE {
+                        match self.completions.try_recv() {
+                            Ok(e) => self.on_worker_event(e),
+                            Err(_) => break,
+                        }
+                    }
+                }
                 _ = sleep_until_opt(revoke_deadline) => {}
                 _ = stall_check.tick() => self.monitor.check(
                     &self.config, &self.consumer, &mut self.partitions, &self.triggers, &self.tasks,
@@ -346,7 +356,7 @@ impl ConnectionSupervisor {
 
     fn on_event(&mut self, event: ConsumerEvent) {
         match event {
-            ConsumerEvent::Message(msg) => self.on_message(msg),
+            ConsumerEvent::Messages(batch) => self.on_messages(batch),
             ConsumerEvent::Positions(positions) => {
                 for (tp, position) in positions {
                     self.partitions.on_position(&tp, position);
@@ -368,8 +378,27 @@ impl ConnectionSupervisor {
         }
     }
 
+    fn on_messages(&mut self, batch: Vec<OwnedMessage>) {
+        // Counted per run of messages of one topic, not per message.
+        let mut run: Option<(String, u64)> = None;
+        for msg in batch {
+            match &mut run {
+                Some((topic, n)) if topic == msg.topic() => *n += 1,
+                _ => {
+                    if let Some((topic, n)) = run.take() {
+                        metrics::consumed(&self.name, &topic, n);
+                    }
+                    run = Some((msg.topic().to_owned(), 1));
+                }
+            }
+            self.on_message(msg);
+        }
+        if let Some((topic, n)) = run {
+            metrics::consumed(&self.name, &topic, n);
+        }
+    }
+
     fn on_message(&mut self, msg: OwnedMessage) {
-        metrics::consumed(&self.name, msg.topic());
         let (partition, offset) = (msg.partition(), msg.offset());
         let topic = tracing::enabled!(tracing::Level::DEBUG)
             .then(|| msg.topic().to_owned())

@@ -211,10 +211,10 @@ pub fn registry_cache(connection: &str, hit: bool) {
     counter!(REGISTRY_CACHE, "connection" => connection.to_owned(), "result" => if hit { "hit" } else { "miss" }).increment(1);
 }
 
-/// A message was received.
-pub fn consumed(connection: &str, topic: &str) {
+/// `n` messages of `topic` were received.
+pub fn consumed(connection: &str, topic: &str, n: u64) {
     counter!(MESSAGES_CONSUMED, "connection" => connection.to_owned(), "topic" => topic.to_owned())
-        .increment(1);
+        .increment(n);
 }
 
 /// A dispatch attempt ended.
@@ -322,7 +322,7 @@ mod tests {
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
             describe();
-            consumed("c", "t");
+            consumed("c", "t", 1);
             for seconds in [0.03, 0.04, 0.2] {
                 dispatch_attempt("c", "tr", "accepted", seconds);
             }
