@@ -74,6 +74,8 @@ impl App {
     pub async fn run(self, shutdown: CancellationToken, serve_admin: bool) -> anyhow::Result<()> {
         let tracker = TaskTracker::new();
         if serve_admin {
+            // Bound before anything starts: a port taken is an error the process exits with.
+            let listener = crate::admin::bind(self.config.server.listen).await?;
             let metrics = crate::telemetry::metrics::install();
             let health = self.health.clone();
             let addr = self.config.server.listen;
@@ -86,7 +88,8 @@ impl App {
                 ));
             }
             tracker.spawn(async move {
-                if let Err(e) = crate::admin::serve(addr, metrics, health, produce, token).await {
+                if let Err(e) = crate::admin::serve(listener, metrics, health, produce, token).await
+                {
                     tracing::error!(%addr, error = %e, "admin server failed");
                 }
             });

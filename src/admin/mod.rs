@@ -23,7 +23,7 @@ struct AdminState {
 
 /// Serves the admin endpoints on `addr` until `shutdown` fires.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     metrics: Option<PrometheusHandle>,
     health: HealthRegistry,
     extra: Router,
@@ -39,11 +39,22 @@ pub async fn serve(
         .route("/readyz", get(ready_handler))
         .with_state(state)
         .merge(extra);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "admin server listening");
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
+}
+
+/// Binds the admin server's address. A daemon that cannot serve `/readyz` would never be
+/// ready and could not be scraped, so the caller stops with this error.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot listen on {addr} (server.listen) for /metrics, /healthz, /readyz and the \
+             produce API: {e}"
+        )
+    })?;
+    tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "admin server listening");
+    Ok(listener)
 }
 
 async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {

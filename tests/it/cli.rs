@@ -188,3 +188,49 @@ fn a_toml_syntax_error_names_the_file_line_and_column() {
 fn an_unknown_log_level_is_refused() {
     assert_refused(&format!("[log]\nlevel = \"inof\"\n{GOOD}"), "log.level");
 }
+
+#[test]
+fn an_admin_address_in_use_stops_the_daemon_with_an_error() {
+    // The port is held by this test: the daemon cannot serve /readyz and /metrics there, and
+    // must say so and exit non-zero rather than run unobservable.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let text = format!("[server]\nlisten = \"{addr}\"\n{GOOD}");
+    let path = temp_config(&text);
+    let started = Instant::now();
+    let mut child = Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run binary");
+    // Polled with a deadline: a daemon that ignores the failure would run for ever.
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = started.elapsed();
+    let mut stderr = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr);
+    let ok = status.is_some_and(|s| s.success());
+    assert!(
+        status.is_some(),
+        "the daemon kept running without its admin server: {stderr}"
+    );
+    assert!(
+        !ok,
+        "the daemon exited 0 without its admin server: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("cannot listen on {addr}")),
+        "the error does not name the address: {stderr}"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+}
