@@ -286,6 +286,16 @@ impl ConnectionConfig {
                 }
             }
         }
+        for (table, props) in [
+            ("kafka", &self.kafka),
+            ("producer.kafka", &self.producer.kafka),
+        ] {
+            for (prop, value) in props {
+                check_property(prop, value).map_err(|reason| {
+                    ConfigError::invalid(key(&format!("{table}.\"{prop}\"")), reason)
+                })?;
+            }
+        }
         if self.consumes() {
             self.validate_group_timing(name)?;
         }
@@ -419,5 +429,30 @@ dispatcher = { url = "http://127.0.0.1:8080/runs" }
             c.connections["orders"].kafka["group.instance.id"],
             "tessel-kafka-2"
         );
+    }
+}
+
+/// Whether librdkafka knows the property `name` and takes `value` for it, as it will when the
+/// clients are created; librdkafka's reason otherwise, with a secret's value left out.
+/// Nothing connects: only librdkafka's configuration object is built.
+fn check_property(name: &str, value: &str) -> Result<(), String> {
+    let mut cfg = rdkafka::ClientConfig::new();
+    let _ = cfg.set(name, value);
+    let shown = if super::is_secret_property(name) {
+        super::REDACTED.to_owned()
+    } else {
+        format!("{value:?}")
+    };
+    match cfg.create_native_config() {
+        Ok(_) => Ok(()),
+        Err(rdkafka::error::KafkaError::ClientConfig(_, reason, _, _)) => {
+            let reason = if shown == super::REDACTED && !value.is_empty() {
+                reason.replace(value, super::REDACTED)
+            } else {
+                reason
+            };
+            Err(format!("librdkafka refuses {shown}: {reason}"))
+        }
+        Err(e) => Err(format!("librdkafka refuses {shown}: {e}")),
     }
 }

@@ -417,3 +417,31 @@ fn a_connection_without_triggers_only_produces_and_needs_a_grant() {
     let err = load(&text).unwrap_err().to_string();
     assert!(err.contains("group.id"), "{err}");
 }
+
+#[test]
+fn kafka_properties_librdkafka_does_not_know_or_take_are_refused_before_connecting() {
+    let misspelt = MINIMAL.replace(
+        "\"group.id\"",
+        "\"sesion.timeout.ms\" = \"10000\"\n\"group.id\"",
+    );
+    let err = load(&misspelt).unwrap_err().to_string();
+    assert!(
+        err.contains("connections.orders.kafka.\"sesion.timeout.ms\""),
+        "{err}"
+    );
+    assert!(err.contains("No such configuration property"), "{err}");
+    let bad_value = MINIMAL.replace(
+        "\"group.id\"",
+        "\"session.timeout.ms\" = \"ten seconds\"\n\"group.id\"",
+    );
+    let err = load(&bad_value).unwrap_err().to_string();
+    assert!(err.contains("\"session.timeout.ms\""), "{err}");
+    assert!(err.contains("ten seconds"), "{err}");
+    let producer =
+        format!("{MINIMAL}\n[connections.orders.producer.kafka]\n\"linger.ms\" = \"-5\"\n");
+    let err = load(&producer).unwrap_err().to_string();
+    assert!(
+        err.contains("connections.orders.producer.kafka.\"linger.ms\""),
+        "{err}"
+    );
+}
