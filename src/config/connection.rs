@@ -317,6 +317,16 @@ impl ConnectionConfig {
                 ));
             }
         }
+        for (tname, trigger) in &self.triggers {
+            if let Some(dlq) = &trigger.dead_letter_topic {
+                if let Some((other, _)) = self.trigger_for(dlq) {
+                    return Err(ConfigError::invalid(
+                        key(&format!("triggers.{tname}.dead_letter_topic")),
+                        format!("{dlq} is consumed by trigger {other} of this connection: dead letters would start runs again"),
+                    ));
+                }
+            }
+        }
         self.producer.validate(name)?;
         if self.max_buffered_per_partition == 0 {
             return Err(ConfigError::invalid(
@@ -348,12 +358,46 @@ impl ConnectionConfig {
             .unwrap_or_default()
     }
 
-    /// The trigger that owns `topic`.
+    /// The trigger that owns `topic`: the one naming it, else the first (in name order) with
+    /// a pattern matching it.
     pub fn trigger_for(&self, topic: &str) -> Option<(&str, &TriggerConfig)> {
         self.triggers
             .iter()
-            .find(|(_, t)| t.topics.iter().any(|x| x == topic))
+            .find(|(_, t)| t.names_topic(topic))
+            .or_else(|| self.triggers.iter().find(|(_, t)| t.pattern_matches(topic)))
             .map(|(n, t)| (n.as_str(), t))
+    }
+
+    /// Whether some trigger subscribes with a pattern.
+    pub fn has_patterns(&self) -> bool {
+        self.triggers
+            .values()
+            .any(|t| t.topics.iter().any(|x| super::trigger::is_pattern(x)))
+    }
+}
+
+/// Whether librdkafka knows the property `name` and takes `value` for it, as it will when the
+/// clients are created; librdkafka's reason otherwise, with a secret's value left out.
+/// Nothing connects: only librdkafka's configuration object is built.
+fn check_property(name: &str, value: &str) -> Result<(), String> {
+    let mut cfg = rdkafka::ClientConfig::new();
+    let _ = cfg.set(name, value);
+    let shown = if super::is_secret_property(name) {
+        super::REDACTED.to_owned()
+    } else {
+        format!("{value:?}")
+    };
+    match cfg.create_native_config() {
+        Ok(_) => Ok(()),
+        Err(rdkafka::error::KafkaError::ClientConfig(_, reason, _, _)) => {
+            let reason = if shown == super::REDACTED && !value.is_empty() {
+                reason.replace(value, super::REDACTED)
+            } else {
+                reason
+            };
+            Err(format!("librdkafka refuses {shown}: {reason}"))
+        }
+        Err(e) => Err(format!("librdkafka refuses {shown}: {e}")),
     }
 }
 
@@ -429,30 +473,5 @@ dispatcher = { url = "http://127.0.0.1:8080/runs" }
             c.connections["orders"].kafka["group.instance.id"],
             "tessel-kafka-2"
         );
-    }
-}
-
-/// Whether librdkafka knows the property `name` and takes `value` for it, as it will when the
-/// clients are created; librdkafka's reason otherwise, with a secret's value left out.
-/// Nothing connects: only librdkafka's configuration object is built.
-fn check_property(name: &str, value: &str) -> Result<(), String> {
-    let mut cfg = rdkafka::ClientConfig::new();
-    let _ = cfg.set(name, value);
-    let shown = if super::is_secret_property(name) {
-        super::REDACTED.to_owned()
-    } else {
-        format!("{value:?}")
-    };
-    match cfg.create_native_config() {
-        Ok(_) => Ok(()),
-        Err(rdkafka::error::KafkaError::ClientConfig(_, reason, _, _)) => {
-            let reason = if shown == super::REDACTED && !value.is_empty() {
-                reason.replace(value, super::REDACTED)
-            } else {
-                reason
-            };
-            Err(format!("librdkafka refuses {shown}: {reason}"))
-        }
-        Err(e) => Err(format!("librdkafka refuses {shown}: {e}")),
     }
 }

@@ -445,3 +445,30 @@ fn kafka_properties_librdkafka_does_not_know_or_take_are_refused_before_connecti
         "{err}"
     );
 }
+
+#[test]
+fn topic_patterns_are_checked_and_resolve_after_named_topics() {
+    let text = MINIMAL.replace(
+        "topics = [\"payments\"]",
+        "topics = [\"^orders\\\\.(eu|us)$\", \"payments\"]",
+    );
+    let c = load(&text).expect("a pattern and a name");
+    let conn = &c.connections["orders"];
+    assert!(conn.has_patterns());
+    assert_eq!(conn.trigger_for("orders.eu").map(|t| t.0), Some("fraud"));
+    assert_eq!(conn.trigger_for("payments").map(|t| t.0), Some("fraud"));
+    assert!(conn.trigger_for("orders.asia").is_none());
+    let bad = MINIMAL.replace("topics = [\"payments\"]", "topics = [\"^orders.(\"]");
+    let err = load(&bad).unwrap_err().to_string();
+    assert!(
+        err.contains("triggers.fraud.topics") && err.contains("not a regular expression"),
+        "{err}"
+    );
+    // A dead-letter topic the pattern matches would feed dead letters back in.
+    let loop_ = MINIMAL.replace(
+        "topics = [\"payments\"]",
+        "topics = [\"^pay.*\"]\non_error = \"dead_letter\"\ndead_letter_topic = \"payments-dlq\"",
+    );
+    let err = load(&loop_).unwrap_err().to_string();
+    assert!(err.contains("dead_letter_topic"), "{err}");
+}

@@ -11,7 +11,10 @@ use super::ConfigError;
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TriggerConfig {
-    /// Topics whose messages start runs. Required, at least one.
+    /// Topics whose messages start runs. Required, at least one. A name starting with `^` is
+    /// a regular expression (as librdkafka and Kafka Connect's `topics.regex` take it): every
+    /// topic it matches, including topics created later (found within librdkafka's
+    /// `topic.metadata.refresh.interval.ms`, 5 minutes by default).
     pub topics: Vec<String>,
     /// The workflow a message starts; sent in the event as `workflow`.
     pub workflow: String,
@@ -217,6 +220,17 @@ impl TriggerConfig {
                 "at least one non-empty topic is required",
             ));
         }
+        for t in self.topics.iter().filter(|t| is_pattern(t)) {
+            if let Err(e) = regex::Regex::new(t) {
+                return Err(ConfigError::invalid(
+                    format!("{key}.topics"),
+                    format!(
+                        "{t:?} is not a regular expression: {}",
+                        e.to_string().replace('\n', " ")
+                    ),
+                ));
+            }
+        }
         if self.concurrency == 0 {
             return Err(ConfigError::invalid(
                 format!("{key}.concurrency"),
@@ -238,10 +252,10 @@ impl TriggerConfig {
                     "is required with on_error = \"dead_letter\"",
                 ))
             }
-            (_, Some(t)) if self.topics.contains(t) => {
+            (_, Some(t)) if self.consumes_topic(t) => {
                 return Err(ConfigError::invalid(
                     format!("{key}.dead_letter_topic"),
-                    "must not be one of the trigger's own topics",
+                    "must not be one of the trigger's own topics (nor match one of its patterns)",
                 ))
             }
             _ => {}
@@ -255,8 +269,31 @@ impl TriggerConfig {
         Ok(())
     }
 
+    /// Whether `topic` is one of the trigger's: named, or matched by one of its patterns.
+    pub fn consumes_topic(&self, topic: &str) -> bool {
+        self.names_topic(topic) || self.pattern_matches(topic)
+    }
+
+    /// Whether `topic` is named among the trigger's topics.
+    pub fn names_topic(&self, topic: &str) -> bool {
+        self.topics.iter().any(|t| !is_pattern(t) && t == topic)
+    }
+
+    /// Whether one of the trigger's patterns matches `topic`.
+    pub fn pattern_matches(&self, topic: &str) -> bool {
+        self.topics
+            .iter()
+            .filter(|t| is_pattern(t))
+            .any(|t| regex::Regex::new(t).is_ok_and(|r| r.is_match(topic)))
+    }
+
     pub(super) fn needs_registry(&self) -> bool {
         self.key_format == PayloadFormat::SchemaRegistry
             || self.value_format == PayloadFormat::SchemaRegistry
     }
+}
+
+/// Whether a trigger topic is a pattern (starts with `^`), as librdkafka decides.
+pub fn is_pattern(topic: &str) -> bool {
+    topic.starts_with('^')
 }

@@ -106,8 +106,10 @@ pub struct ConnectionSupervisor {
     consumer: Arc<Consumer_>,
     events: mpsc::Receiver<ConsumerEvent>,
     events_tx: mpsc::Sender<ConsumerEvent>,
-    /// Each topic's trigger.
+    /// Each topic's trigger (topics matched by a pattern are added when first assigned).
     by_topic: HashMap<String, TriggerSlot<Trigger>>,
+    /// Each trigger by name.
+    by_name: HashMap<String, TriggerSlot<Trigger>>,
     /// Every trigger once.
     triggers: Vec<Trigger>,
     partitions: PartitionSet<Trigger>,
@@ -208,6 +210,7 @@ impl ConnectionSupervisor {
         let decoder = Decoder::new(registry.clone());
         let producer = shared.producer.clone();
         let mut by_topic = HashMap::new();
+        let mut by_name = HashMap::new();
         let mut triggers = Vec::new();
         for (tname, t) in &config.triggers {
             let dispatcher = HttpDispatcher::try_new(&t.dispatcher)
@@ -239,9 +242,10 @@ impl ConnectionSupervisor {
                 permits,
                 runtime: Arc::clone(&runtime),
             };
-            for topic in &t.topics {
+            for topic in t.topics.iter().filter(|t| !crate::config::is_pattern(t)) {
                 let _ = by_topic.insert(topic.clone(), slot.clone());
             }
+            let _ = by_name.insert(tname.clone(), slot);
             triggers.push(runtime);
         }
         let (events_tx, events) = mpsc::channel(EVENT_CHANNEL);
@@ -267,6 +271,7 @@ impl ConnectionSupervisor {
             events,
             events_tx,
             by_topic,
+            by_name,
             triggers,
             partitions: PartitionSet::new(Limits {
                 per_partition: config.max_buffered_per_partition,
@@ -436,13 +441,26 @@ impl ConnectionSupervisor {
         }
         let now = Instant::now();
         for a in assigned {
-            let Some(trigger) = self.by_topic.get(&a.tp.topic).cloned() else {
+            let Some(trigger) = self.trigger_of(&a.tp.topic) else {
+                tracing::warn!(connection = %self.name, topic = %a.tp.topic, partition = a.tp.partition, "assigned a partition of a topic no trigger consumes; its messages are ignored");
                 continue;
             };
             tracing::info!(connection = %self.name, topic = %a.tp.topic, partition = a.tp.partition, "partition assigned");
             self.partitions.assign(a, trigger, now);
         }
         self.report_partitions();
+    }
+
+    /// The trigger of `topic`: named by one, or matched by a pattern (then remembered).
+    fn trigger_of(&mut self, topic: &str) -> Option<TriggerSlot<Trigger>> {
+        if let Some(slot) = self.by_topic.get(topic) {
+            return Some(slot.clone());
+        }
+        let (name, _) = self.config.trigger_for(topic)?;
+        let slot = self.by_name.get(name)?.clone();
+        tracing::info!(connection = %self.name, topic, trigger = name, "topic matched by the trigger's pattern");
+        let _ = self.by_topic.insert(topic.to_owned(), slot.clone());
+        Some(slot)
     }
 
     fn on_revoked(

@@ -263,10 +263,32 @@ fn kafka_checks(
     }
     r.pass("authentication", auth_description(conn));
 
+    // Patterns stand for the topics they match now.
+    let (patterns, named): (Vec<&str>, Vec<&str>) = topics
+        .iter()
+        .copied()
+        .partition(|t| crate::config::is_pattern(t));
+    let mut topics: BTreeSet<String> = named.into_iter().map(str::to_owned).collect();
+    for pattern in patterns {
+        let check = format!("topics matching {pattern}");
+        match crate::ops::tools::matching_topics(&consumer, &[pattern]) {
+            Ok(found) if found.is_empty() => r.pass(
+                &check,
+                "none yet (topics created later are picked up by the running daemon)",
+            ),
+            Ok(found) => {
+                r.pass(&check, found.join(", "));
+                topics.extend(found);
+            }
+            Err(e) => r.fail(&check, format!("{e:#}")),
+        }
+    }
+
     // DESCRIBE and READ on each consumed topic.
     let mut described = Vec::new();
     let mut group_refused = false;
     for topic in &topics {
+        let topic = &topic.as_str();
         let check = format!("DESCRIBE on topic {topic}");
         match describe(&consumer, topic) {
             Ok(partitions) => {

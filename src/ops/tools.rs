@@ -75,7 +75,16 @@ fn partitions_of(
     topics: &BTreeSet<&str>,
 ) -> anyhow::Result<Vec<(String, i32)>> {
     let mut out = Vec::new();
-    for topic in topics {
+    let (patterns, named): (Vec<&str>, Vec<&str>) = topics
+        .iter()
+        .copied()
+        .partition(|t| crate::config::is_pattern(t));
+    let mut topics: BTreeSet<String> = named.into_iter().map(str::to_owned).collect();
+    if !patterns.is_empty() {
+        topics.extend(matching_topics(consumer, &patterns)?);
+    }
+    for topic in &topics {
+        let topic = topic.as_str();
         let md = consumer
             .fetch_metadata(Some(topic), TIMEOUT)
             .with_context(|| format!("cannot read the metadata of topic {topic}"))?;
@@ -88,6 +97,27 @@ fn partitions_of(
     }
     out.sort();
     Ok(out)
+}
+
+/// The cluster's topics that one of `patterns` (regular expressions, `^…`) matches.
+pub(crate) fn matching_topics(
+    consumer: &BaseConsumer<SecurityContext>,
+    patterns: &[&str],
+) -> anyhow::Result<Vec<String>> {
+    let regexes = patterns
+        .iter()
+        .map(|p| regex::Regex::new(p).with_context(|| format!("topic pattern {p}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let md = consumer
+        .fetch_metadata(None, TIMEOUT)
+        .context("cannot list the cluster's topics")?;
+    Ok(md
+        .topics()
+        .iter()
+        .map(|t| t.name())
+        .filter(|n| !n.starts_with("__") && regexes.iter().any(|r| r.is_match(n)))
+        .map(str::to_owned)
+        .collect())
 }
 
 /// The consuming connection named, or the only one; connections without triggers have no
@@ -213,7 +243,7 @@ pub fn offsets_reset(
     }
     let topics: BTreeSet<&str> = match topic {
         Some(t) => {
-            if !conn.topics().contains(t) {
+            if conn.trigger_for(t).is_none() {
                 bail!("topic {t} is not consumed by connection {cname}");
             }
             BTreeSet::from([t])

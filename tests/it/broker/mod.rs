@@ -6,6 +6,7 @@ mod hostile;
 mod measured;
 mod operations;
 mod ordering;
+mod patterns;
 mod pipeline;
 mod produce;
 mod prometheus;
