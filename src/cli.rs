@@ -55,7 +55,7 @@ pub enum Command {
     /// and checks, without a token). Records are JSON objects, one per line, as the API takes
     /// them; each acknowledged record prints `{"topic", "partition", "offset"}`.
     Produce(ProduceArgs),
-    /// Run a local run dispatcher that prints one line per run.
+    /// Run a local run dispatcher that prints one line per run (or, with --bench, measures).
     DevDispatcher {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8787")]
@@ -69,6 +69,10 @@ pub enum Command {
         /// Status of injected failures.
         #[arg(long, default_value_t = 503)]
         fail_status: u16,
+        /// Measuring mode for scripts/bench: no line per run, no fault injection (only
+        /// --latency-ms); figures at GET /stats (see `dev_dispatcher::bench`).
+        #[arg(long, conflicts_with_all = ["fail_ratio", "fail_status"])]
+        bench: bool,
     },
 }
 

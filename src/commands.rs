@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use crate::cli::{Cli, Command, ConfigCommand, DlqCommand, OffsetsCommand};
 use crate::config::{Config, LogConfig};
+use crate::dev_dispatcher::bench::BenchDispatcher;
 use crate::dev_dispatcher::{DevDispatcher, Faults};
 use crate::ops::tools;
 use crate::{app::App, shutdown, telemetry};
@@ -109,10 +110,22 @@ pub async fn execute(cli: Cli) -> ExitCode {
             latency_ms,
             fail_ratio,
             fail_status,
+            bench,
         } => {
             let _ = telemetry::init_tracing(&LogConfig::default(), None);
             let token = CancellationToken::new();
             shutdown::spawn_signal_handler(token.clone());
+            if bench {
+                let hold = std::time::Duration::from_millis(latency_ms);
+                return match BenchDispatcher::start(listen, hold, token.clone()).await {
+                    Ok(d) => {
+                        println!("dev dispatcher (bench) listening on {}", d.url());
+                        token.cancelled().await;
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(&format!("cannot listen on {listen}: {e}")),
+                };
+            }
             let faults = Faults {
                 latency_ms: (latency_ms, latency_ms),
                 fail_ratio,

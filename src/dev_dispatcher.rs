@@ -1,6 +1,9 @@
 //! A local run dispatcher for the quick start and the tests: accepts runs, prints one line per
 //! run, remembers idempotency keys (answering 409 to a repeat), and injects faults on request:
 //! latency, a share of failures, failures for given idempotency keys, or every request.
+//! [`bench`] is its measuring mode for `scripts/bench`.
+
+pub mod bench;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
