@@ -8,7 +8,7 @@ use tessel_kafka::cli::Cli;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime.block_on(tessel_kafka::commands::execute(cli)),
+        Ok(runtime) => runtime.block_on(tessel_kafka::cli::commands::execute(cli)),
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
             ExitCode::FAILURE

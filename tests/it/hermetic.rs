@@ -11,7 +11,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use rdkafka::{Offset, TopicPartitionList};
-use tessel_kafka::dev_dispatcher::{DevDispatcher, Faults};
+use tessel_kafka::cli::dev_dispatcher::{DevDispatcher, Faults};
 use tokio_util::sync::CancellationToken;
 
 use crate::config_builder::TestConfig;

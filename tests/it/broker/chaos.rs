@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde_json::{json, Value};
-use tessel_kafka::dev_dispatcher::{DevDispatcher, Faults};
+use tessel_kafka::cli::dev_dispatcher::{DevDispatcher, Faults};
 use tokio::io::AsyncWriteExt;
 
 use super::super::{
@@ -623,7 +623,7 @@ async fn chaos(variant: Variant) {
 }
 
 /// First deliveries whose value `i` is not above the previous one of the same key.
-fn out_of_key_order(runs: &[tessel_kafka::dev_dispatcher::AcceptedRun]) -> usize {
+fn out_of_key_order(runs: &[tessel_kafka::cli::dev_dispatcher::AcceptedRun]) -> usize {
     let mut last: BTreeMap<&str, i64> = BTreeMap::new();
     let mut out = 0;
     for r in runs {

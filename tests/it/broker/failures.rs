@@ -9,7 +9,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use serde_json::{json, Value};
-use tessel_kafka::dev_dispatcher::Faults;
+use tessel_kafka::cli::dev_dispatcher::Faults;
 
 use super::produce_keyed;
 use super::sasl_ssl_kafka_table;

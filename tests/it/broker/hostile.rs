@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::{json, Value};
-use tessel_kafka::dev_dispatcher::{DevDispatcher, Faults};
+use tessel_kafka::cli::dev_dispatcher::{DevDispatcher, Faults};
 
 use super::failures::read_topic;
 use super::produce::register_schema;

@@ -24,7 +24,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tessel_kafka::dev_dispatcher::Faults;
+use tessel_kafka::cli::dev_dispatcher::Faults;
 
 use super::ordering::assert_per_key_order;
 use super::produce_keyed;
@@ -453,7 +453,7 @@ const RECENT_AT_A_CRASH: Duration = Duration::from_secs(2);
 /// Runs the dispatcher accepted that the group's commits (offset and `tk1` metadata) do not
 /// cover, by idempotency key, with when each was accepted.
 fn accepted_not_covered(
-    d: &tessel_kafka::dev_dispatcher::DevDispatcher,
+    d: &tessel_kafka::cli::dev_dispatcher::DevDispatcher,
     commits: &[(i64, String)],
 ) -> std::collections::HashMap<String, Instant> {
     use tessel_kafka::kafka::offsets::parse_metadata;

@@ -25,7 +25,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
-use tessel_kafka::dev_dispatcher::{DevDispatcher, Faults};
+use tessel_kafka::cli::dev_dispatcher::{DevDispatcher, Faults};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 

@@ -5,7 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use tessel_kafka::dev_dispatcher::Faults;
+use tessel_kafka::cli::dev_dispatcher::Faults;
 
 use super::sasl_ssl_kafka_table;
 use super::{connection_toml, create_topic, dispatcher, produce_keyed, spawn_daemon};

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use tessel_kafka::dev_dispatcher::{AcceptedRun, Faults};
+use tessel_kafka::cli::dev_dispatcher::{AcceptedRun, Faults};
 
 use super::produce_keyed;
 use super::{

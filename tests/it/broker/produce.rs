@@ -5,7 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tessel_kafka::dev_dispatcher::Faults;
+use tessel_kafka::cli::dev_dispatcher::Faults;
 
 use super::reference_consume;
 use super::{
@@ -159,7 +159,7 @@ const JSON_ORDER: &str = r#"{"$schema":"http://json-schema.org/draft-07/schema#"
 struct Setup {
     daemon: ProducingDaemon,
     prefix: String,
-    _dispatcher: tessel_kafka::dev_dispatcher::DevDispatcher,
+    _dispatcher: tessel_kafka::cli::dev_dispatcher::DevDispatcher,
 }
 
 /// A daemon on the PLAINTEXT listener granting topics under a fresh prefix.

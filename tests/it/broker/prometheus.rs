@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::{json, Value};
-use tessel_kafka::dev_dispatcher::Faults;
+use tessel_kafka::cli::dev_dispatcher::Faults;
 
 use super::{connection_toml, create_topic, dispatcher, reference_produce, spawn_daemon};
 use crate::support::{free_port, repo, stack, temp_config, unique, wait_for_async};

@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use tessel_kafka::dev_dispatcher::Faults;
+use tessel_kafka::cli::dev_dispatcher::Faults;
 
 use super::{
     assert_all_once, create_topic, dispatcher, produce_keyed, spawn_daemon, wait_committed_to_end,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tessel_kafka::dev_dispatcher::Faults;
+use tessel_kafka::cli::dev_dispatcher::Faults;
 
 use super::{
     committed, create_topic, dispatcher, high_watermarks, produce_keyed, sasl_ssl_kafka_table,

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tessel_kafka::dev_dispatcher::Faults;
+use tessel_kafka::cli::dev_dispatcher::Faults;
 
 use super::{
     committed, connection_toml, create_topic, dispatcher, high_watermarks, produce_keyed, Connector,

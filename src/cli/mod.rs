@@ -1,5 +1,8 @@
 //! Command-line interface of the `tessel-kafka` binary.
 
+pub mod commands;
+pub mod dev_dispatcher;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

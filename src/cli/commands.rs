@@ -2,10 +2,10 @@
 
 use std::process::ExitCode;
 
+use crate::cli::dev_dispatcher::bench::BenchDispatcher;
+use crate::cli::dev_dispatcher::{DevDispatcher, Faults};
 use crate::cli::{Cli, Command, ConfigCommand, DlqCommand, OffsetsCommand};
 use crate::config::{Config, LogConfig};
-use crate::dev_dispatcher::bench::BenchDispatcher;
-use crate::dev_dispatcher::{DevDispatcher, Faults};
 use crate::ops::tools;
 use crate::{app::App, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
