@@ -184,6 +184,8 @@ pub struct RegistryClient {
     subjects: Mutex<HashMap<SubjectKey, (u32, std::time::Instant)>>,
     /// The connection named in this client's metrics (empty outside the daemon).
     connection: String,
+    /// The cache-hit counter, registered on first use (once the recorder is installed).
+    cache_hits: std::sync::OnceLock<crate::telemetry::metrics::Counter>,
 }
 
 /// A subject and a version (`None`: the latest).
@@ -304,6 +306,7 @@ impl RegistryClient {
             cache: Mutex::new(HashMap::new()),
             subjects: Mutex::new(HashMap::new()),
             connection: String::new(),
+            cache_hits: std::sync::OnceLock::new(),
         })
     }
 
@@ -347,7 +350,14 @@ impl RegistryClient {
             let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             match cache.get(&id) {
                 Some(Slot::Ready(hit)) => {
-                    crate::telemetry::metrics::registry_cache(&self.connection, true);
+                    self.cache_hits
+                        .get_or_init(|| {
+                            crate::telemetry::metrics::registry_cache_counter(
+                                &self.connection,
+                                true,
+                            )
+                        })
+                        .increment(1);
                     return Ok(Arc::clone(hit));
                 }
                 Some(Slot::Fetching(f)) => f.clone(),

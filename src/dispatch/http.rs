@@ -38,6 +38,9 @@ impl HttpDispatcher {
             .connect_timeout(Duration::from_millis(config.timeout_ms.min(10_000)))
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
+            // A dispatcher answers; it does not redirect. Following one would resend the run
+            // (and its token) elsewhere, and the policy parsed the URL on every request.
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("tessel-kafka/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| e.to_string())?;
@@ -72,6 +75,13 @@ impl HttpDispatcher {
                     .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
                 let body = if (200..300).contains(&status) {
                     String::new()
+                } else if (300..400).contains(&status) {
+                    let location = resp
+                        .headers()
+                        .get(reqwest::header::LOCATION)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("(no Location)");
+                    format!("(Location: {})", crate::config::redact_text(location))
                 } else {
                     resp.text().await.unwrap_or_default()
                 };

@@ -41,7 +41,8 @@ pub enum DispatchOutcome {
         /// What was wrong.
         reason: String,
     },
-    /// 401 or 403: the trigger's dispatcher credentials are wrong.
+    /// 401 or 403: the trigger's dispatcher credentials are wrong; or a redirect (3xx): its
+    /// URL is. Either way a configuration error that stops the trigger.
     Unauthorized {
         /// HTTP status.
         status: u16,
@@ -68,7 +69,17 @@ pub fn classify(status: u16, body: &str, retry_after: Option<Duration>) -> Dispa
     let reason = body.chars().take(200).collect::<String>();
     match status {
         200..=299 | 409 => DispatchOutcome::Accepted { status },
-        401 | 403 => DispatchOutcome::Unauthorized { status, reason },
+        401 | 403 => DispatchOutcome::Unauthorized {
+            status,
+            reason: format!("check dispatcher.token: {reason}"),
+        },
+        // Redirects are not followed (the run and its token would go elsewhere).
+        300..=399 => DispatchOutcome::Unauthorized {
+            status,
+            reason: format!(
+                "the dispatcher redirects; set dispatcher.url to where it points {reason}"
+            ),
+        },
         408 | 429 | 500..=599 => DispatchOutcome::Retryable {
             status: Some(status),
             reason: if reason.is_empty() {
@@ -91,6 +102,15 @@ mod tests {
         assert_eq!(classify(202, "", None).label(), "accepted");
         assert_eq!(classify(409, "", None).label(), "accepted");
         assert_eq!(classify(500, "", None).label(), "retryable");
+        // A redirect is a configuration error, like refused credentials: never followed.
+        assert_eq!(
+            classify(308, "(Location: https://x/runs)", None).label(),
+            "unauthorized"
+        );
+        assert!(matches!(
+            classify(401, "no", None),
+            DispatchOutcome::Unauthorized { reason, .. } if reason.contains("dispatcher.token")
+        ));
         assert_eq!(
             classify(429, "", Some(Duration::from_secs(2))),
             DispatchOutcome::Retryable {

@@ -128,6 +128,7 @@ pub struct ConnectionSupervisor {
     monitor: Monitor,
     tasks: TaskTracker,
     pending_revoke: Option<PendingRevoke>,
+    in_flight: std::sync::OnceLock<metrics::Gauge>,
 }
 
 /// Most worker events handled before the loop looks at what may start.
@@ -235,6 +236,7 @@ impl ConnectionSupervisor {
                 stopped: std::sync::atomic::AtomicBool::new(false),
                 last_failure: std::sync::Mutex::new(None),
                 missing_permission: std::sync::Mutex::new(None),
+                metrics: std::sync::OnceLock::new(),
             });
             let slot = TriggerSlot {
                 index: triggers.len(),
@@ -288,6 +290,7 @@ impl ConnectionSupervisor {
             monitor: Monitor::new(name, health, registry),
             tasks: TaskTracker::new(),
             pending_revoke: None,
+            in_flight: std::sync::OnceLock::new(),
         })
     }
 
@@ -490,7 +493,7 @@ impl ConnectionSupervisor {
     }
 
     fn on_completion(&mut self, c: Completion) {
-        metrics::in_flight(&self.name, -1.0);
+        self.in_flight_gauge().decrement(1.0);
         let handled = matches!(
             c.outcome,
             WorkOutcome::Accepted | WorkOutcome::Skipped | WorkOutcome::DeadLettered
@@ -505,15 +508,17 @@ impl ConnectionSupervisor {
             return;
         }
         if let Some(p) = self.partitions.get(c.id) {
-            metrics::handled(&self.name, &p.trigger.runtime.name, c.outcome.label());
+            p.trigger.runtime.metrics().handled(c.outcome.label());
         }
-        let _commit = tracing::info_span!(
-            target: crate::telemetry::trace::TARGET,
-            parent: &c.span,
-            "commit",
-            messaging.kafka.offset = c.offset,
-        )
-        .entered();
+        if !c.span.is_disabled() {
+            let _commit = tracing::info_span!(
+                target: crate::telemetry::trace::TARGET,
+                parent: &c.span,
+                "commit",
+                messaging.kafka.offset = c.offset,
+            )
+            .entered();
+        }
     }
 
     /// Applies what the partition set decided: starts runs, pauses and resumes partitions.
@@ -582,7 +587,7 @@ impl ConnectionSupervisor {
                 let _ = tx.send(WorkerEvent::Yielded(trigger_index));
             }
         };
-        metrics::in_flight(&self.name, 1.0);
+        self.in_flight_gauge().increment(1.0);
         drop(self.tasks.spawn(async move {
             let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
             let (topic, partition, offset) = (msg.topic().to_owned(), msg.partition(), msg.offset());
@@ -606,6 +611,12 @@ impl ConnectionSupervisor {
                 ..completion
             }));
         }));
+    }
+
+    /// The runs-in-flight gauge (registered on first use, once the recorder is installed).
+    fn in_flight_gauge(&self) -> &metrics::Gauge {
+        self.in_flight
+            .get_or_init(|| metrics::in_flight_gauge(&self.name))
     }
 
     /// When the loop must wake to send commits: a send slot for moved commit offsets, or a

@@ -72,9 +72,17 @@ pub struct TriggerRuntime {
     /// A permission the broker refused the last dead-letter write for (`WRITE on topic T`),
     /// and when.
     pub missing_permission: Mutex<Option<(Instant, String)>>,
+    /// See [`TriggerRuntime::metrics`].
+    pub metrics: std::sync::OnceLock<metrics::TriggerMetrics>,
 }
 
 impl TriggerRuntime {
+    /// The trigger's metric handles (registered on first use, once the recorder is installed).
+    pub fn metrics(&self) -> &metrics::TriggerMetrics {
+        self.metrics
+            .get_or_init(|| metrics::TriggerMetrics::new(&self.connection, &self.name))
+    }
+
     /// The trigger's retry settings, for [`decide`].
     pub fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy {
@@ -467,10 +475,16 @@ async fn attempt_once(
     if headers.iter().any(|h| h.name == "tessel-test-panic") {
         panic!("test hook: the record carries a tessel-test-panic header");
     }
-    let decoding = tracing::info_span!(target: crate::telemetry::trace::TARGET, "decode");
-    let (key, value) = match decode(trigger, msg).instrument(decoding).await {
+    let traced = crate::telemetry::trace::exporting();
+    let decoded = if traced {
+        let decoding = tracing::info_span!(target: crate::telemetry::trace::TARGET, "decode");
+        decode(trigger, msg).instrument(decoding).await
+    } else {
+        decode(trigger, msg).await
+    };
+    let (key, value) = match decoded {
         Ok(kv) => {
-            metrics::decoded(&trigger.connection, &trigger.name, kv.1.schema.format);
+            trigger.metrics().decoded(kv.1.schema.format);
             kv
         }
         Err((field, e)) => return on_decode_error(trigger, msg, field, &e, attempts),
@@ -482,32 +496,38 @@ async fn attempt_once(
     };
     let body = event::render(source, id, msg, headers, &key, &value);
     let started = std::time::Instant::now();
-    let dispatching = tracing::info_span!(
-        target: crate::telemetry::trace::TARGET,
-        "dispatch",
-        otel.kind = "client",
-        tessel.workflow = %trigger.config.workflow,
-        tessel.attempt = attempts.total,
-        tessel.dispatch.outcome = tracing::field::Empty,
-    );
-    // With traces exported the run continues this span's trace; otherwise the message's own.
-    let traceparent = crate::telemetry::trace::traceparent_of(&dispatching);
-    let outcome = trigger
-        .dispatcher
-        .dispatch(
-            body,
-            id,
-            traceparent.as_deref().or(event::traceparent(headers)),
-        )
-        .instrument(dispatching.clone())
-        .await;
-    dispatching.record("tessel.dispatch.outcome", outcome.label());
-    metrics::dispatch_attempt(
-        &trigger.connection,
-        &trigger.name,
-        outcome.label(),
-        started.elapsed().as_secs_f64(),
-    );
+    let outcome = if traced {
+        let dispatching = tracing::info_span!(
+            target: crate::telemetry::trace::TARGET,
+            "dispatch",
+            otel.kind = "client",
+            tessel.workflow = %trigger.config.workflow,
+            tessel.attempt = attempts.total,
+            tessel.dispatch.outcome = tracing::field::Empty,
+        );
+        // With traces exported the run continues this span's trace.
+        let traceparent = crate::telemetry::trace::traceparent_of(&dispatching);
+        let outcome = trigger
+            .dispatcher
+            .dispatch(
+                body,
+                id,
+                traceparent.as_deref().or(event::traceparent(headers)),
+            )
+            .instrument(dispatching.clone())
+            .await;
+        dispatching.record("tessel.dispatch.outcome", outcome.label());
+        outcome
+    } else {
+        // Otherwise the message's own trace, if it carries one.
+        trigger
+            .dispatcher
+            .dispatch(body, id, event::traceparent(headers))
+            .await
+    };
+    trigger
+        .metrics()
+        .dispatch_attempt(outcome.label(), started.elapsed().as_secs_f64());
     let schema_id = value.schema.id;
     match outcome {
         DispatchOutcome::Accepted { .. } => {
@@ -516,11 +536,9 @@ async fn attempt_once(
                 let now_ms = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as i64);
-                metrics::end_to_end(
-                    &trigger.connection,
-                    &trigger.name,
-                    (now_ms - ts).max(0) as f64 / 1000.0,
-                );
+                trigger
+                    .metrics()
+                    .end_to_end((now_ms - ts).max(0) as f64 / 1000.0);
             }
             tracing::debug!(
                 connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
@@ -611,9 +629,7 @@ async fn attempt_once(
             })
         }
         DispatchOutcome::Unauthorized { status, reason } => {
-            trigger.stop(&format!(
-                "dispatcher answered HTTP {status} (check dispatcher.token): {reason}"
-            ));
+            trigger.stop(&format!("dispatcher answered HTTP {status} ({reason})"));
             Step::from(decide(
                 Observed::Unauthorized,
                 attempts.transient,

@@ -82,6 +82,7 @@ pub fn init_tracing(config: &LogConfig, otlp: Option<&OtlpConfig>) -> Telemetry 
     if let Some(e) = error {
         tracing::error!(error = %e, "OTLP trace export is off: the exporter could not be built");
     } else if let Some(o) = otlp {
+        trace::set_exporting();
         opentelemetry::global::set_text_map_propagator(
             opentelemetry_sdk::propagation::TraceContextPropagator::new(),
         );
