@@ -673,9 +673,16 @@ impl ConnectionSupervisor {
         self.holding = holding;
         self.partitions.set_holding(holding);
         if holding {
-            let reason = self.committer.refusing().map(|(_, r)| r.to_owned());
-            tracing::warn!(connection = %self.name, error = reason.as_deref().unwrap_or(""),
-                "the broker refuses offset commits (a rebalance in progress?): new runs wait, refused commits are sent again");
+            match self.committer.refusing().map(|(_, r)| r.to_owned()) {
+                Some(reason) => tracing::warn!(connection = %self.name, error = %reason,
+                    "the broker refuses offset commits (a rebalance in progress?): new runs wait, refused commits are sent again"),
+                // librdkafka holds a commit back while the group rebalances (classic protocol:
+                // until every member rejoined or a dead one's session expired).
+                None => {
+                    tracing::warn!(connection = %self.name, waited_ms = super::committer::UNANSWERED_HOLD.as_millis() as u64,
+                    "an offset commit is unanswered (a rebalance in progress?): new runs wait until it is answered")
+                }
+            }
         } else if self.committer.refusing().is_some() {
             tracing::warn!(connection = %self.name, limit_s = COMMIT_HOLD_LIMIT.as_secs(),
                 "offset commits refused for too long: dispatching again; a crash now may offer accepted runs again");
