@@ -112,11 +112,7 @@ impl DevDispatcher {
         let app = Router::new()
             .fallback(handle)
             .with_state(Arc::clone(&state));
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await;
-        });
+        serve_until(listener, app, shutdown);
         Ok(Self { state, addr })
     }
 
@@ -293,4 +289,17 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
         accepted_at: std::time::Instant::now(),
     });
     (StatusCode::ACCEPTED, "accepted").into_response()
+}
+
+/// Serves `app` on `listener` in the background until `shutdown` fires.
+pub(crate) fn serve_until(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) {
+    drop(tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+    }));
 }

@@ -154,14 +154,11 @@ impl Committer {
     }
 
     /// When the next request may go out (None while one is out: its answer wakes the caller).
-    pub fn next_slot(&self) -> Option<Instant> {
+    pub fn next_slot(&self, now: Instant) -> Option<Instant> {
         if self.in_flight_since.is_some() {
             return None;
         }
-        Some(
-            self.last_send
-                .map_or_else(Instant::now, |l| l + self.interval),
-        )
+        Some(self.last_send.map_or(now, |l| l + self.interval))
     }
 
     /// The commits to send now (one request), marked as sent; nothing while a request is out.

@@ -169,21 +169,29 @@ impl Monitor {
             if backlog == 0 {
                 p.last_progress = now;
             }
-            let trigger = &p.trigger.runtime;
-            let facts = StallFacts {
-                backlog,
-                without_progress: now.saturating_duration_since(p.last_progress),
-                trigger_stopped: trigger.stopped.load(Ordering::SeqCst),
-                recent_failure: trigger.recent_failure(after),
-                commit_offset: p.tracker.commit_offset(),
-                paused: p.paused,
-            };
-            let reason = stall_reason(&facts, after);
+            let without_progress = now.saturating_duration_since(p.last_progress);
+            // The rest (a lock, the commit offset) is looked up only for a stalled partition.
+            let reason = (backlog > 0 && without_progress >= after)
+                .then(|| {
+                    let trigger = &p.trigger.runtime;
+                    stall_reason(
+                        &StallFacts {
+                            backlog,
+                            without_progress,
+                            trigger_stopped: trigger.stopped.load(Ordering::SeqCst),
+                            recent_failure: trigger.recent_failure(after),
+                            commit_offset: p.tracker.commit_offset(),
+                            paused: p.paused,
+                        },
+                        after,
+                    )
+                })
+                .flatten();
             let tp = &p.tp;
             match (&p.stalled, &reason) {
                 (None, Some(r)) => tracing::warn!(connection = %self.name, topic = %tp.topic,
                     partition = tp.partition, reason = %r,
-                    stalled_for_ms = facts.without_progress.as_millis() as u64, "partition stalled"),
+                    stalled_for_ms = without_progress.as_millis() as u64, "partition stalled"),
                 (Some(_), None) => tracing::info!(connection = %self.name, topic = %tp.topic,
                     partition = tp.partition, "partition progressing again"),
                 _ => {}

@@ -101,7 +101,7 @@ impl<T> Partition<T> {
 }
 
 /// What a message's arrival meant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Arrival {
     /// Queued to run.
     Queued(PartitionId),
@@ -109,8 +109,8 @@ pub enum Arrival {
     AlreadyAccepted(PartitionId),
     /// Waiting or in flight already: delivered twice by the consumer.
     AlreadyReceived(PartitionId),
-    /// Its partition is not owned.
-    NotAssigned,
+    /// Its partition is not owned: the message, given back (for the log).
+    NotAssigned(OwnedMessage),
 }
 
 /// A run to start: the message, the permit it holds, and what its worker needs.
@@ -321,10 +321,10 @@ impl<T: Clone> PartitionSet<T> {
     /// A message arrived from the consumer.
     pub fn on_message(&mut self, msg: OwnedMessage) -> Arrival {
         let Some(id) = self.id_of(msg.topic(), msg.partition()) else {
-            return Arrival::NotAssigned;
+            return Arrival::NotAssigned(msg);
         };
         let Some(p) = self.slots[id.0 as usize].as_mut() else {
-            return Arrival::NotAssigned;
+            return Arrival::NotAssigned(msg);
         };
         p.received_any = true;
         match p.tracker.received(msg.offset()) {
@@ -909,7 +909,10 @@ mod tests {
             s.on_message(msg(0, 10, "a")),
             Arrival::AlreadyReceived(_)
         ));
-        assert!(matches!(s.on_message(msg(7, 0, "a")), Arrival::NotAssigned));
+        assert!(matches!(
+            s.on_message(msg(7, 0, "a")),
+            Arrival::NotAssigned(_)
+        ));
         let st = process(&mut s).starts;
         assert_eq!(st.len(), 1);
         for x in st {

@@ -407,23 +407,22 @@ impl ConnectionSupervisor {
     }
 
     fn on_message(&mut self, msg: OwnedMessage) {
-        let (partition, offset) = (msg.partition(), msg.offset());
-        let topic = tracing::enabled!(tracing::Level::DEBUG)
-            .then(|| msg.topic().to_owned())
-            .unwrap_or_default();
+        let offset = msg.offset();
         match self.partitions.on_message(msg) {
             Arrival::Queued(_) => {}
             Arrival::AlreadyAccepted(id) => {
                 if let Some(p) = self.partitions.get(id) {
                     metrics::handled(&self.name, &p.trigger.runtime.name, "already_accepted");
-                    tracing::debug!(connection = %self.name, topic = %p.tp.topic, partition, offset, "handled already; not dispatched again");
+                    tracing::debug!(connection = %self.name, topic = %p.tp.topic, partition = p.tp.partition, offset, "handled already; not dispatched again");
                 }
             }
-            Arrival::AlreadyReceived(_) => {
-                tracing::debug!(connection = %self.name, topic = %topic, partition, offset, "delivered again while waiting or in flight; not dispatched twice");
+            Arrival::AlreadyReceived(id) => {
+                if let Some(p) = self.partitions.get(id) {
+                    tracing::debug!(connection = %self.name, topic = %p.tp.topic, partition = p.tp.partition, offset, "delivered again while waiting or in flight; not dispatched twice");
+                }
             }
-            Arrival::NotAssigned => {
-                tracing::warn!(connection = %self.name, partition, offset, "message for a partition not assigned; ignored");
+            Arrival::NotAssigned(msg) => {
+                tracing::warn!(connection = %self.name, topic = msg.topic(), partition = msg.partition(), offset, "message for a partition not assigned; ignored");
             }
         }
     }
@@ -625,7 +624,7 @@ impl ConnectionSupervisor {
         let slot = self
             .partitions
             .commits_pending()
-            .then(|| self.committer.next_slot())
+            .then(|| self.committer.next_slot(Instant::now()))
             .flatten();
         match (slot, self.committer.next_due()) {
             (Some(a), Some(b)) => Some(a.min(b)),

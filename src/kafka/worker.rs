@@ -196,22 +196,17 @@ enum Step {
     Fail(Failure),
 }
 
-impl From<Next> for Step {
-    /// For every [`Next`] but `Fail`, whose [`Failure`] the caller describes.
-    fn from(next: Next) -> Self {
+impl Step {
+    /// The step [`decide`] chose; `failure` describes the failure, given its class, when
+    /// `on_error` applies.
+    fn of(next: Next, failure: impl FnOnce(&'static str) -> Failure) -> Self {
         match next {
             Next::Done(outcome) => Step::Done(outcome),
             Next::Retry { retry_after } => Step::Retry { retry_after },
             Next::Stop => Step::Retry {
                 retry_after: Some(STOPPED_RETRY),
             },
-            Next::Fail(class) => Step::Fail(Failure {
-                stage: "DISPATCH",
-                class,
-                message: class.to_owned(),
-                status: None,
-                schema_id: None,
-            }),
+            Next::Fail(class) => Step::Fail(failure(class)),
         }
     }
 }
@@ -447,20 +442,20 @@ fn on_panic(
         partition = msg.partition(), offset = msg.offset(), attempt = attempts.transient,
         error = %sanitize(&what), "worker panicked while handling the record; it is retried per the trigger's retry policy, then on_error applies"
     );
-    match decide(
-        Observed::Panicked,
-        attempts.transient,
-        &trigger.retry_policy(),
-    ) {
-        Next::Fail(class) => Step::Fail(Failure {
+    Step::of(
+        decide(
+            Observed::Panicked,
+            attempts.transient,
+            &trigger.retry_policy(),
+        ),
+        |class| Failure {
             stage: "DISPATCH",
             class,
             message: format!("worker panicked: {what}"),
             status: None,
             schema_id: None,
-        }),
-        next => Step::from(next),
-    }
+        },
+    )
 }
 
 async fn attempt_once(
@@ -528,8 +523,8 @@ async fn attempt_once(
     trigger
         .metrics()
         .dispatch_attempt(outcome.label(), started.elapsed().as_secs_f64());
-    let schema_id = value.schema.id;
-    match outcome {
+    // What the outcome was, with what `on_error` would be told; then one decision.
+    let (observed, message, status) = match outcome {
         DispatchOutcome::Accepted { .. } => {
             trigger.resume();
             if let Some(ts) = msg.timestamp().to_millis() {
@@ -544,11 +539,7 @@ async fn attempt_once(
                 connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
                 partition = msg.partition(), offset = msg.offset(), "run accepted"
             );
-            Step::from(decide(
-                Observed::Accepted,
-                attempts.transient,
-                &trigger.retry_policy(),
-            ))
+            (Observed::Accepted, String::new(), None)
         }
         DispatchOutcome::Retryable {
             status,
@@ -566,20 +557,8 @@ async fn attempt_once(
                 partition = msg.partition(), offset = msg.offset(), status = ?status,
                 attempt = attempts.transient, error = %reason, "dispatch failed, will retry"
             );
-            match decide(
-                Observed::Retryable { retry_after },
-                attempts.transient,
-                &trigger.retry_policy(),
-            ) {
-                Next::Fail(class) => Step::Fail(Failure {
-                    stage: "DISPATCH",
-                    class,
-                    message: format!("{} attempts failed; last: {reason}", attempts.transient),
-                    status,
-                    schema_id,
-                }),
-                next => Step::from(next),
-            }
+            let message = format!("{} attempts failed; last: {reason}", attempts.transient);
+            (Observed::Retryable { retry_after }, message, status)
         }
         DispatchOutcome::Rejected { status, reason } => {
             trigger.resume();
@@ -589,20 +568,8 @@ async fn attempt_once(
                 partition = msg.partition(), offset = msg.offset(), status, error = %reason,
                 "dispatcher rejected the message"
             );
-            let Next::Fail(class) = decide(
-                Observed::Rejected,
-                attempts.transient,
-                &trigger.retry_policy(),
-            ) else {
-                unreachable!("a rejection always fails")
-            };
-            Step::Fail(Failure {
-                stage: "DISPATCH",
-                class,
-                message: format!("dispatcher answered HTTP {status}: {reason}"),
-                status: Some(status),
-                schema_id,
-            })
+            let message = format!("dispatcher answered HTTP {status}: {reason}");
+            (Observed::Rejected, message, Some(status))
         }
         DispatchOutcome::Invalid { reason } => {
             trigger.failed(&format!(
@@ -613,30 +580,25 @@ async fn attempt_once(
                 partition = msg.partition(), offset = msg.offset(), error = %reason,
                 "record cannot be sent to the dispatcher"
             );
-            let Next::Fail(class) = decide(
-                Observed::Invalid,
-                attempts.transient,
-                &trigger.retry_policy(),
-            ) else {
-                unreachable!("an invalid request always fails")
-            };
-            Step::Fail(Failure {
-                stage: "DISPATCH",
-                class,
-                message: format!("request cannot be built: {reason}"),
-                status: None,
-                schema_id,
-            })
+            let message = format!("request cannot be built: {reason}");
+            (Observed::Invalid, message, None)
         }
         DispatchOutcome::Unauthorized { status, reason } => {
             trigger.stop(&format!("dispatcher answered HTTP {status} ({reason})"));
-            Step::from(decide(
-                Observed::Unauthorized,
-                attempts.transient,
-                &trigger.retry_policy(),
-            ))
+            (Observed::Unauthorized, String::new(), Some(status))
         }
-    }
+    };
+    let schema_id = value.schema.id;
+    Step::of(
+        decide(observed, attempts.transient, &trigger.retry_policy()),
+        |class| Failure {
+            stage: "DISPATCH",
+            class,
+            message,
+            status,
+            schema_id,
+        },
+    )
 }
 
 fn on_decode_error(
@@ -687,15 +649,12 @@ fn on_decode_error(
         schema_not_found,
         missing_for,
     };
-    match decide(observed, attempts.transient, &trigger.retry_policy()) {
-        // The failure keeps the decoder's own class.
-        Next::Fail(_) => Step::Fail(failure()),
-        Next::Stop => {
-            trigger.stop(&e.to_string());
-            Step::from(Next::Stop)
-        }
-        next => Step::from(next),
+    let next = decide(observed, attempts.transient, &trigger.retry_policy());
+    if next == Next::Stop {
+        trigger.stop(&e.to_string());
     }
+    // The failure keeps the decoder's own class.
+    Step::of(next, |_| failure())
 }
 
 /// Applies `on_error`; None means "not handled, retry later".

@@ -245,11 +245,6 @@ pub fn worker_panic(connection: &str, trigger: &str) {
         .increment(1);
 }
 
-/// Runs in flight changed.
-pub fn in_flight(connection: &str, delta: f64) {
-    in_flight_gauge(connection).increment(delta);
-}
-
 /// The runs-in-flight gauge of `connection`, to keep and move per run.
 pub fn in_flight_gauge(connection: &str) -> Gauge {
     gauge!(RUNS_IN_FLIGHT, "connection" => connection.to_owned())
@@ -418,7 +413,7 @@ mod tests {
             }
             handled("c", "tr", "accepted");
             decode_error("c", "tr", "schema");
-            in_flight("c", 1.0);
+            in_flight_gauge("c").increment(1.0);
             partitions("c", 3, 1);
             rebalance("c", "assign");
             commit("c", true);

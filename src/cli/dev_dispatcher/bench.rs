@@ -63,11 +63,7 @@ impl BenchDispatcher {
             .route("/stats/sample", get(sample))
             .fallback(run)
             .with_state(Arc::clone(&state));
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await;
-        });
+        super::serve_until(listener, app, shutdown);
         Ok(Self { state, addr })
     }
 
