@@ -51,6 +51,18 @@ pub struct ConnectionConfig {
     /// paused. Default 67108864 (64 MiB).
     #[serde(default = "default_max_buffered_bytes")]
     pub max_buffered_bytes: usize,
+    /// How offsets are committed while the consumer's own commits cannot reach the broker
+    /// (classic protocol: a member's requests are answered in order, and its JoinGroup waits
+    /// until every member rejoined or a dead one's session expired, so commits sent behind it
+    /// wait as well). `"transactional"` (default) commits the same offsets through a
+    /// transactional producer of the connection with the group's generation and member id
+    /// (`sendOffsetsToTransaction`, KIP-447), so runs accepted during a rebalance are
+    /// committed; it needs WRITE and DESCRIBE on the transactional ids
+    /// `tessel-kafka-commits-<group.id>-…` (a prefixed ACL) and is unused with
+    /// `group.protocol = "consumer"`. Where the principal lacks them the connector says so at
+    /// start and commits only the usual way. `"off"` disables it.
+    #[serde(default)]
+    pub commit_fallback: CommitFallback,
     /// Amazon MSK IAM credentials and region, used with `"sasl.mechanism" = "AWS_MSK_IAM"`
     /// (see [`AwsIamConfig`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -62,6 +74,17 @@ pub struct ConnectionConfig {
     /// What the loader translated from Java client properties (logged at start).
     #[serde(skip)]
     pub notices: Vec<String>,
+}
+
+/// See [`ConnectionConfig::commit_fallback`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommitFallback {
+    /// Commit through a transactional producer while the consumer's commits wait.
+    #[default]
+    Transactional,
+    /// Only the consumer's own commits.
+    Off,
 }
 
 /// Schema Registry access (Confluent API; Apicurio's `/apis/ccompat/v7` works too).
@@ -108,6 +131,7 @@ impl std::fmt::Debug for ConnectionConfig {
                 &self.max_buffered_per_partition,
             )
             .field("max_buffered_bytes", &self.max_buffered_bytes)
+            .field("commit_fallback", &self.commit_fallback)
             .field("aws", &self.aws)
             .field("produce_topics", &self.produce_topics)
             .field("notices", &self.notices)

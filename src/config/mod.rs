@@ -22,7 +22,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-pub use connection::{ConnectionConfig, RegistryConfig};
+pub use connection::{CommitFallback, ConnectionConfig, RegistryConfig};
 pub use error::ConfigError;
 pub use otlp::{OtlpConfig, OtlpProtocol};
 pub use produce::{topic_matches, ProduceConfig, ProducerConfig, TokenGrant};

@@ -382,6 +382,13 @@ impl ConsumerContext for ConnectorContext {
 /// Routes one librdkafka log line into tracing, under the target `librdkafka`, at the
 /// matching level, with the connection.
 pub(crate) fn log_to_tracing(c: &str, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+    // The commit fallback's transaction refused for a generation the group has left is the
+    // fencing doing its job (the consumer's own path commits it), not an error.
+    let level = if fac == "TXNERR" && is_stale_generation_commit(log_message) {
+        RDKafkaLogLevel::Debug
+    } else {
+        level
+    };
     match level {
         RDKafkaLogLevel::Emerg
         | RDKafkaLogLevel::Alert
@@ -401,9 +408,35 @@ pub(crate) fn log_to_tracing(c: &str, level: RDKafkaLogLevel, fac: &str, log_mes
     }
 }
 
+/// Whether a librdkafka transaction error is an offset commit refused because the group's
+/// generation or membership moved on.
+fn is_stale_generation_commit(log_message: &str) -> bool {
+    log_message.contains("Failed to commit offsets to transaction")
+        && [
+            "(ILLEGAL_GENERATION)",
+            "(REBALANCE_IN_PROGRESS)",
+            "(UNKNOWN_MEMBER_ID)",
+        ]
+        .iter()
+        .any(|code| log_message.contains(code))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{end_offset, lag};
+    use super::{end_offset, is_stale_generation_commit, lag};
+
+    #[test]
+    fn a_fenced_fallback_commit_is_not_an_error() {
+        assert!(is_stale_generation_commit(
+            "Current transaction failed in state InTransaction: Failed to commit offsets to \
+             transaction on broker b:9092/1: t((null))[8](Broker: Specified group generation id \
+             is not valid) (after 9ms) (ILLEGAL_GENERATION)"
+        ));
+        assert!(!is_stale_generation_commit(
+            "Current transaction failed in state InTransaction: Failed to commit offsets to \
+             transaction on broker b:9092/1: (TRANSACTIONAL_ID_AUTHORIZATION_FAILED)"
+        ));
+    }
 
     #[test]
     fn the_end_is_the_further_of_statistics_and_query() {

@@ -23,8 +23,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::commit_thread::{self, CommitBatch};
-use super::committer::{CommitResult, Committer};
+use super::commit_thread::{self, CommitAnswer, CommitBatch};
+use super::committer::Committer;
 use super::context::ConnectorContext;
 use super::monitor::{Monitor, STALL_CHECK};
 use super::partitions::{Actions, Arrival, Limits, PartitionId, PartitionSet, Start, TriggerSlot};
@@ -97,6 +97,11 @@ struct PendingRevoke {
 struct CommitChannel {
     requests: std::sync::mpsc::Sender<CommitBatch>,
     thread: std::thread::JoinHandle<()>,
+    /// The fallback thread (see [`super::committer`], rule 6), while it is usable.
+    fallback: Option<(
+        std::sync::mpsc::Sender<CommitBatch>,
+        std::thread::JoinHandle<()>,
+    )>,
 }
 
 /// Runs one connection.
@@ -123,8 +128,8 @@ pub struct ConnectionSupervisor {
     holding: bool,
     /// None before `run` and after shutdown began.
     commits: Option<CommitChannel>,
-    commit_answers: mpsc::UnboundedReceiver<Vec<CommitResult>>,
-    commit_answers_tx: mpsc::UnboundedSender<Vec<CommitResult>>,
+    commit_answers: mpsc::UnboundedReceiver<CommitAnswer>,
+    commit_answers_tx: mpsc::UnboundedSender<CommitAnswer>,
     monitor: Monitor,
     tasks: TaskTracker,
     pending_revoke: Option<PendingRevoke>,
@@ -282,7 +287,7 @@ impl ConnectionSupervisor {
             actions: Actions::default(),
             completions_tx,
             completions,
-            committer: Committer::new(COMMIT_INTERVAL, COMMIT_HOLD_LIMIT),
+            committer: Committer::new(COMMIT_INTERVAL, COMMIT_HOLD_LIMIT).with_fallback(),
             holding: false,
             commits: None,
             commit_answers,
@@ -318,7 +323,31 @@ impl ConnectionSupervisor {
             self.commit_answers_tx.clone(),
         )
         .map_err(|e| SupervisorError::Thread(self.name.clone(), e))?;
-        self.commits = Some(CommitChannel { requests, thread });
+        let fallback = if self.uses_fallback() {
+            let signer =
+                super::security::MskIamSigner::from_config(&self.config, |v| std::env::var(v).ok())
+                    .ok()
+                    .flatten()
+                    .map(Arc::new);
+            Some(
+                commit_thread::spawn_fallback(
+                    &self.name,
+                    &self.config,
+                    signer,
+                    Arc::clone(&self.consumer),
+                    self.commit_answers_tx.clone(),
+                )
+                .map_err(|e| SupervisorError::Thread(self.name.clone(), e))?,
+            )
+        } else {
+            self.committer.fallback_unavailable();
+            None
+        };
+        self.commits = Some(CommitChannel {
+            requests,
+            thread,
+            fallback,
+        });
 
         let mut stall_check = tokio::time::interval(STALL_CHECK);
         stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -343,9 +372,7 @@ impl ConnectionSupervisor {
                     &self.config, &self.consumer, &mut self.partitions, &self.triggers, &self.tasks,
                 ),
                 _ = sleep_until_opt(commit_due) => {}
-                Some(answers) = self.commit_answers.recv() => {
-                    self.committer.on_answer(Instant::now(), &answers);
-                }
+                Some(answer) = self.commit_answers.recv() => self.on_commit_answer(answer),
                 event = self.events.recv(), if self.pending_revoke.is_none() => match event {
                     Some(e) => self.on_event(e),
                     None => break,
@@ -382,6 +409,34 @@ impl ConnectionSupervisor {
             ConsumerEvent::Error(e) => {
                 self.consumer.context().note_error(&e, &e.to_string());
                 tracing::warn!(connection = %self.name, error = %e, "kafka consumer error");
+            }
+        }
+    }
+
+    /// Whether commits may also go out through the transactional fallback: configured so,
+    /// and the classic protocol (the consumer protocol's heartbeats never hold commits).
+    fn uses_fallback(&self) -> bool {
+        let kip848 = self
+            .config
+            .kafka
+            .get("group.protocol")
+            .is_some_and(|p| p.eq_ignore_ascii_case("consumer"));
+        self.config.commit_fallback == crate::config::CommitFallback::Transactional && !kip848
+    }
+
+    fn on_commit_answer(&mut self, answer: CommitAnswer) {
+        let now = Instant::now();
+        match answer {
+            CommitAnswer::Consumer(results) => self.committer.on_answer(now, &results),
+            CommitAnswer::Fallback(results) => self.committer.on_fallback_answer(now, &results),
+            CommitAnswer::FallbackUnavailable(reason) => {
+                tracing::warn!(connection = %self.name, error = %reason,
+                    prefix = commit_thread::FALLBACK_ID_PREFIX,
+                    "the transactional commit fallback is unavailable (grant WRITE and DESCRIBE on the transactional ids with this prefix, or set commit_fallback = \"off\"): commits made during a rebalance wait for it to end");
+                self.committer.fallback_unavailable();
+                if let Some(c) = &mut self.commits {
+                    c.fallback = None;
+                }
             }
         }
     }
@@ -621,15 +676,20 @@ impl ConnectionSupervisor {
     /// When the loop must wake to send commits: a send slot for moved commit offsets, or a
     /// wanted commit's (re)send time.
     fn next_commit_due(&self) -> Option<Instant> {
+        let now = Instant::now();
         let slot = self
             .partitions
             .commits_pending()
-            .then(|| self.committer.next_slot(Instant::now()))
+            .then(|| self.committer.next_take(now))
             .flatten();
-        match (slot, self.committer.next_due()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            slot,
+            self.committer.next_due(),
+            self.committer.next_fallback_due(now),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Sends the commits that are due, in one request to the commit thread. Moved commit
@@ -640,16 +700,24 @@ impl ConnectionSupervisor {
             return;
         };
         let now = Instant::now();
-        if self.partitions.commits_pending() && self.committer.can_send(now) {
+        if self.partitions.commits_pending() && self.committer.can_take(now) {
             let mut store = TopicPartitionList::new();
             let committer = &mut self.committer;
             self.partitions.take_commits(now, |tp, offset, metadata| {
                 commit_thread::add(&mut store, tp, offset, &metadata);
-                committer.want(tp.clone(), offset, metadata);
+                committer.want(now, tp.clone(), offset, metadata);
             });
             if store.count() > 0 {
                 if let Err(e) = self.consumer.store_offsets(&store) {
                     tracing::warn!(connection = %self.name, error = %e, "cannot store offsets");
+                }
+            }
+        }
+        let fallback = self.committer.take_fallback(now);
+        if !fallback.is_empty() {
+            if let Some((requests, _)) = &channel.fallback {
+                if requests.send(fallback).is_err() {
+                    self.committer.fallback_unavailable();
                 }
             }
         }
@@ -741,7 +809,17 @@ impl ConnectionSupervisor {
         // below is the last one the broker sees.
         if let Some(c) = self.commits.take() {
             drop(c.requests);
-            let _ = tokio::task::spawn_blocking(move || c.thread.join()).await;
+            let fallback = c.fallback.map(|(requests, thread)| {
+                drop(requests);
+                thread
+            });
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = c.thread.join();
+                if let Some(t) = fallback {
+                    let _ = t.join();
+                }
+            })
+            .await;
         }
         tracing::info!(connection = %self.name, "stopping: draining runs in flight");
         self.partitions.drain_all();

@@ -14,9 +14,12 @@
 //! the group's commits (offset and `tk1` metadata, read once the killed replica's requests are
 //! answered) did not cover, and the repeats that arrived after that kill and before the next.
 //!
-//! Three variants: the classic protocol with cooperative-sticky assignment; the same with
-//! static membership (`group.instance.id`), where a restart within the session timeout must not
-//! rebalance the group; and the KIP-848 `consumer` protocol, on Kafka 4.x only.
+//! Four variants: the classic protocol with eager assignment (`range`); with cooperative-sticky
+//! assignment (the default), where the commits a survivor sends behind its JoinGroup wait until
+//! the dead member's session expires and go through the transactional commit fallback
+//! meanwhile (before it: 198 repeats against a bound of 156); the same with static membership
+//! (`group.instance.id`), where a restart within the session timeout must not rebalance the
+//! group; and the KIP-848 `consumer` protocol, on Kafka 4.x only.
 //!
 //! Whether the group rebalanced is read from the broker (DescribeGroups) every 100 ms between
 //! the kills: the group must stay `Stable`. The daemons' `tessel_kafka_rebalances_total` cannot
@@ -59,6 +62,9 @@ const MARK: &str = "=== chaos test: ";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
+    /// Classic protocol, eager assignment (`range`): a member revokes, drains and commits
+    /// before it rejoins.
+    Eager,
     /// Classic protocol, cooperative-sticky assignment.
     Cooperative,
     /// Classic protocol, cooperative-sticky, `group.instance.id` per replica.
@@ -70,6 +76,7 @@ enum Variant {
 impl Variant {
     fn name(self) -> &'static str {
         match self {
+            Self::Eager => "classic eager",
             Self::Cooperative => "classic cooperative-sticky",
             Self::Static => "classic static membership",
             Self::Kip848 => "consumer protocol (KIP-848)",
@@ -81,6 +88,9 @@ impl Variant {
         let classic = "\"partition.assignment.strategy\" = \"cooperative-sticky\"\n\
                        \"session.timeout.ms\" = \"10000\"\n";
         match self {
+            Self::Eager => "\"partition.assignment.strategy\" = \"range\"\n\
+                            \"session.timeout.ms\" = \"10000\"\n"
+                .to_owned(),
             Self::Cooperative => classic.to_owned(),
             Self::Static => {
                 format!("{classic}\"group.instance.id\" = \"{group}-replica-{replica}\"\n")
@@ -90,6 +100,11 @@ impl Variant {
             Self::Kip848 => "\"group.protocol\" = \"consumer\"\n".to_owned(),
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_cycles_with_eager_assignment_lose_nothing_and_repeat_only_runs_in_flight() {
+    chaos(Variant::Eager).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -473,6 +488,15 @@ async fn chaos(variant: Variant) {
         },
     )
     .await;
+    // How much the transactional commit fallback carried (this incarnation of each replica).
+    let mut fallback_commits = Vec::new();
+    for r in &replicas {
+        fallback_commits.push(
+            r.metric("tessel_kafka_offset_commits_fallback_total")
+                .await
+                .unwrap_or(0.0),
+        );
+    }
     for r in &mut replicas {
         r.sigterm().await;
     }
@@ -574,6 +598,10 @@ async fn chaos(variant: Variant) {
         out_of_order,
         started.elapsed().as_secs_f64()
     );
+    eprintln!(
+        "[chaos {tag}] commits through the transactional fallback, per replica since its last \
+         start: {fallback_commits:?}"
+    );
     report_logs(tag, &replicas);
 
     assert!(
@@ -589,19 +617,6 @@ async fn chaos(variant: Variant) {
         &from_aborted[..from_aborted.len().min(10)]
     );
     assert_eq!(out_of_order, 0, "first deliveries out of key order");
-    if variant == Variant::Cooperative {
-        // The classic protocol under a kill every few seconds rebalances most of the time, and
-        // the broker refuses commits throughout: runs accepted when the refusals begin stay
-        // uncommitted until the group settles, and a later kill offers them again. The
-        // connector holds new runs meanwhile, which cut the repeats from 800–1,600 to a few
-        // hundred per test, but not to the in-flight bound (issue 13 stays open on it; static
-        // membership and KIP-848, below, meet it). Reported, not asserted.
-        eprintln!(
-            "[chaos {tag}] classic protocol: {repeats} runs repeated against the in-flight bound \
-             {bound} (per kill: {per_kill:?}); not asserted, see the comment in chaos.rs"
-        );
-        return;
-    }
     assert!(
         repeats <= bound as u64,
         "{repeats} runs repeated, more than the {bound} in flight or accepted in the last \
