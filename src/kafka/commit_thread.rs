@@ -38,6 +38,15 @@ pub const FALLBACK_ID_PREFIX: &str = "tessel-kafka-commits-";
 /// How long one call of the fallback's transaction may take.
 const FALLBACK_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The fallback's `transaction.timeout.ms`. A replica that dies between committing offsets
+/// in a transaction and ending it leaves them pending, and a read_committed consumer reading
+/// the group's offsets of those partitions (the next owner) waits until the coordinator
+/// aborts the transaction: this long, plus up to its cleanup interval
+/// (`transaction.abort.timed.out.transaction.cleanup.interval.ms`, 10 s by default). Its
+/// transactions take milliseconds, so a short timeout keeps that wait short; the dead
+/// member's partitions wait for its session to expire meanwhile anyway.
+const FALLBACK_TRANSACTION_TIMEOUT_MS: u32 = 5_000;
+
 type Consumer_ = BaseConsumer<ConnectorContext>;
 
 /// What the commit thread is asked to commit: partitions with offsets and metadata.
@@ -123,7 +132,12 @@ pub fn spawn_fallback(
         )
         .set(
             "transaction.timeout.ms",
-            (config.producer.ack_timeout_ms * 2).max(60_000).to_string(),
+            FALLBACK_TRANSACTION_TIMEOUT_MS.to_string(),
+        )
+        // It writes no records; librdkafka wants it no longer than the transaction timeout.
+        .set(
+            "message.timeout.ms",
+            FALLBACK_TRANSACTION_TIMEOUT_MS.to_string(),
         )
         .set("client.id", format!("tessel-kafka-{connection}-commits"));
     let handle = std::thread::Builder::new()

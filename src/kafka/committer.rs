@@ -26,7 +26,10 @@
 //!    is unanswered for [`FALLBACK_AFTER`], or the broker refuses commits, the wanted commits
 //!    also go out through the fallback (a transactional producer committing them with the
 //!    group's generation and member id, on connections of its own); a commit the fallback
-//!    confirms is no longer wanted. With a working fallback, new runs wait only while some
+//!    confirms is no longer wanted. The two paths' writes can land in another order than their
+//!    answers, so when the consumer's request is answered, what the fallback confirmed
+//!    meanwhile is committed once more through the consumer. With a working fallback, new runs
+//!    wait only while some
 //!    wanted commit has gone unconfirmed for [`UNANSWERED_HOLD`]. A confirmation older than
 //!    one already confirmed (answers can cross) makes the newer one wanted again, so the
 //!    group's commit never ends up behind what was confirmed.
@@ -94,6 +97,9 @@ pub struct Committer {
     in_flight_since: Option<Instant>,
     /// The last offset and metadata confirmed per partition (by either path).
     confirmed: HashMap<TopicPartition, (i64, String)>,
+    /// Partitions the fallback confirmed while the consumer's request was out: their latest
+    /// state is committed once more through the consumer when that request is answered.
+    settle: std::collections::HashSet<TopicPartition>,
     fallback: Fallback,
 }
 
@@ -119,6 +125,7 @@ impl Committer {
             last_refusal: None,
             in_flight_since: None,
             confirmed: HashMap::new(),
+            settle: std::collections::HashSet::new(),
             fallback: Fallback::default(),
         }
     }
@@ -158,6 +165,7 @@ impl Committer {
     pub fn forget(&mut self, tp: &TopicPartition) {
         let _ = self.wanted.remove(tp);
         let _ = self.confirmed.remove(tp);
+        let _ = self.settle.remove(tp);
         if self.wanted.is_empty() {
             self.refusing_since = None;
             self.refusals = 0;
@@ -262,11 +270,22 @@ impl Committer {
             .collect()
     }
 
+    /// Whether the fallback's request is out. A revoke's final commit waits for its answer:
+    /// it travels on other connections than the consumer's, and landing after the final
+    /// commit it would move the group's offset back (the member's generation is still valid
+    /// until it rejoins).
+    pub fn fallback_busy(&self) -> bool {
+        self.fallback.in_flight_since.is_some()
+    }
+
     /// The fallback's answer to its request: confirmed commits are no longer wanted. A
     /// refusal there says nothing about the consumer's path and holds nothing by itself.
     pub fn on_fallback_answer(&mut self, now: Instant, results: &[CommitResult]) {
         self.fallback.in_flight_since = None;
         for r in results.iter().filter(|r| r.refused.is_none()) {
+            if self.in_flight_since.is_some() {
+                let _ = self.settle.insert(r.tp.clone());
+            }
             self.confirm(now, r);
         }
     }
@@ -351,6 +370,27 @@ impl Committer {
     pub fn on_answer(&mut self, now: Instant, results: &[CommitResult]) {
         self.in_flight_since = None;
         self.on_results(now, results);
+        // The group keeps whichever commit the broker wrote last, and the two paths' writes
+        // can land in another order than their answers (a consumer request written after a
+        // transaction's offsets keeps its older offset): the consumer's path has the last
+        // word on what the fallback confirmed meanwhile.
+        for tp in std::mem::take(&mut self.settle) {
+            if self.wanted.contains_key(&tp) {
+                continue;
+            }
+            if let Some((offset, metadata)) = self.confirmed.get(&tp).cloned() {
+                let _ = self.wanted.insert(
+                    tp,
+                    Wanted {
+                        offset,
+                        metadata,
+                        since: now,
+                        sent_at: None,
+                        not_before: None,
+                    },
+                );
+            }
+        }
     }
 
     /// The broker's answers (from the commit callback, for our commits and librdkafka's).
@@ -582,6 +622,7 @@ mod tests {
         c.want(t1, tp(0), 8, String::new());
         let t2 = t1 + 3 * TICK;
         c.on_fallback_answer(t2, &[ok(0, 5)]);
+        assert!(!c.fallback_busy());
         assert!(c.is_wanted(&tp(0)), "8 is not confirmed yet");
         assert!(
             c.can_take(t2),
@@ -592,10 +633,15 @@ mod tests {
         assert!(!c.is_wanted(&tp(0)));
         // The consumer's request is still unanswered, but every commit is confirmed.
         assert!(!c.holding(t0 + UNANSWERED_HOLD + TICK));
-        // It finally comes back refused (the group moved on): nothing to send again.
-        c.on_answer(t0 + Duration::from_secs(5), &[refused(0, 5)]);
+        // It finally comes back (refused: the group moved on). The fallback's confirmations
+        // meanwhile are committed once more through the consumer, which has the last word.
+        let t3 = t0 + Duration::from_secs(5);
+        c.on_answer(t3, &[refused(0, 5)]);
+        assert!(!c.holding(t3));
+        let settle = t3 + RETRY_INITIAL;
+        assert_eq!(c.take_due(settle), vec![(tp(0), 8, String::new())]);
+        c.on_answer(settle, &[ok(0, 8)]);
         assert_eq!(c.next_due(), None);
-        assert!(!c.holding(t0 + Duration::from_secs(5)));
     }
 
     #[test]

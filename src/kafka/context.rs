@@ -23,8 +23,10 @@ use super::security::{classify_connect_error, ConnectFailure, MskIamSigner, Secu
 use super::{AssignedPartition, ConsumerEvent};
 use crate::dispatch::event::TopicPartition;
 
-/// How long an assignment waits for the group's committed offsets.
-const COMMITTED_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an assignment waits for the group's committed offsets: longer than a pending
+/// transactional commit of a dead member can keep them unstable (the commit fallback's 5 s
+/// transaction timeout plus the broker's 10 s abort interval), so its metadata is not lost.
+const COMMITTED_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Context shared by the consumer of one connection.
 pub struct ConnectorContext {

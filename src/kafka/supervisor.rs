@@ -775,7 +775,9 @@ impl ConnectionSupervisor {
         };
         let in_flight = self.partitions.in_flight_of(&r.partitions);
         let expired = Instant::now() >= r.deadline;
-        if in_flight > 0 && !expired {
+        // A fallback commit still out could land after the final commit and move the offset
+        // back: its answer comes first.
+        if (in_flight > 0 || self.committer.fallback_busy()) && !expired {
             return;
         }
         let Some(r) = self.pending_revoke.take() else {
