@@ -89,15 +89,6 @@ const JAVA_ONLY: &[&str] = &[
     "value.serializer",
 ];
 
-/// Schema Registry client properties that consoles put next to the Kafka ones.
-const REGISTRY_PROPERTIES: &[&str] = &[
-    "schema.registry.url",
-    "basic.auth.credentials.source",
-    "basic.auth.user.info",
-    "schema.registry.basic.auth.user.info",
-    "bearer.auth.token",
-];
-
 /// Rewrites Java-style properties into librdkafka's, in place. Returns one notice per
 /// translation. `aws` is set when the mechanism is `AWS_MSK_IAM`.
 pub(crate) fn normalize(
@@ -117,14 +108,6 @@ pub(crate) fn normalize(
     for key in ["security.protocol", "sasl.mechanism"] {
         if let Some(v) = props.get_mut(key) {
             *v = v.trim().to_ascii_uppercase();
-        }
-    }
-    for key in REGISTRY_PROPERTIES {
-        if props.contains_key(*key) {
-            return Err(invalid(
-                key,
-                "is a Schema Registry setting: put the registry's url, username and password in [connections.<name>.schema_registry]",
-            ));
         }
     }
     if let Some(jaas) = props.remove("sasl.jaas.config") {
@@ -789,14 +772,6 @@ mod tests {
         let mut p = props(&[("ssl.truststore.location", "/etc/client.truststore.jks")]);
         let err = normalize(&mut p, &mut None).unwrap_err().to_string();
         assert!(err.contains("ssl.ca.location"), "{err}");
-    }
-
-    #[test]
-    fn registry_properties_in_the_kafka_table_point_to_the_registry_section() {
-        let mut p = props(&[("basic.auth.user.info", "KEY:SECRET")]);
-        let err = normalize(&mut p, &mut None).unwrap_err().to_string();
-        assert!(err.contains("schema_registry"), "{err}");
-        assert!(!err.contains("SECRET"), "{err}");
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! The one integration-test binary.
 //!
 //! - `cli`: the binary's behaviour that needs no broker (config errors).
+//! - `console_snippets`: each provider's client snippet pasted whole into a `kafka` table,
+//!   registry lines included, through `config check`.
 //! - `oidc`: OAUTHBEARER OIDC token fetching against a local token endpoint (no broker).
 //! - `registry_auth`: Schema Registry basic and bearer auth, refusals, TLS file errors.
 //! - `deploy`: the Kubernetes manifests' structure (restricted pod security, probes,
@@ -19,6 +21,7 @@
 mod cli;
 mod compose;
 mod config_builder;
+mod console_snippets;
 mod deploy;
 mod hermetic;
 mod oidc;
