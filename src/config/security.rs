@@ -15,9 +15,12 @@ use super::secret::Secret;
 /// Amazon MSK IAM authentication (`"sasl.mechanism" = "AWS_MSK_IAM"`): OAUTHBEARER tokens
 /// presigned with AWS SigV4 for the `kafka-cluster:Connect` action, refreshed before expiry.
 ///
-/// Credentials are the static ones given here, else the process environment's
-/// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`, read again at every
-/// refresh.
+/// Credentials are the static ones given here (both `access_key_id` and
+/// `secret_access_key`), else the AWS default credential chain, as the AWS SDKs resolve it:
+/// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN`, the shared config and
+/// credentials files (`AWS_PROFILE`), web identity (IRSA), ECS and EKS Pod Identity container
+/// credentials, then the instance profile (IMDS). Chain credentials are resolved again before
+/// they expire, and every token is signed with the current ones.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct AwsIamConfig {
@@ -25,13 +28,13 @@ pub struct AwsIamConfig {
     /// (`b-1.x.y.kafka.<region>.amazonaws.com`), else `AWS_REGION` / `AWS_DEFAULT_REGION`.
     #[serde(default)]
     pub region: Option<String>,
-    /// Access key id; default `AWS_ACCESS_KEY_ID`.
+    /// Static access key id (with `secret_access_key`); default: the credential chain.
     #[serde(default)]
     pub access_key_id: Option<Secret>,
-    /// Secret access key; default `AWS_SECRET_ACCESS_KEY`.
+    /// Static secret access key (with `access_key_id`); default: the credential chain.
     #[serde(default)]
     pub secret_access_key: Option<Secret>,
-    /// Session token of temporary credentials; default `AWS_SESSION_TOKEN`.
+    /// Session token of static temporary credentials; default: none.
     #[serde(default)]
     pub session_token: Option<Secret>,
 }
@@ -365,7 +368,7 @@ fn translate_jaas(
             {
                 return Err(invalid(
                     "sasl.jaas.config",
-                    format!("IAMLoginModule option {unsupported} is not supported: give credentials in [connections.<name>.aws] or the AWS_* environment variables"),
+                    format!("IAMLoginModule option {unsupported} is not supported: the AWS default credential chain (environment, profile files, IRSA, ECS/EKS container credentials, IMDS) or [connections.<name>.aws] gives the credentials"),
                 ));
             }
             Ok("dropped \"sasl.jaas.config\" (IAMLoginModule): AWS_MSK_IAM tokens are signed by the connector".to_owned())
