@@ -10,6 +10,11 @@
 # so a rebuild of the same commit gets the same bases.
 ARG RUST_IMAGE=rust:1-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
+# Where the runtime stage takes the binary from: the build stage, or `prebuilt`, a stripped
+# binary built outside (scripts/image-test builds the release binary on the host and passes
+# a context holding only it, with --build-arg BINARY_STAGE=prebuilt --target runtime; the
+# build stage is then skipped).
+ARG BINARY_STAGE=build
 
 FROM ${RUST_IMAGE} AS build
 RUN apt-get update && apt-get install -y --no-install-recommends \
@@ -39,6 +44,12 @@ RUN cargo build --release --locked --bin tessel-kafka \
 FROM scratch AS debuginfo
 COPY --from=build /src/target/release/tessel-kafka.debug /
 
+# A binary built outside the image (see BINARY_STAGE), at the build stage's path.
+FROM scratch AS prebuilt
+COPY tessel-kafka /src/target/release/tessel-kafka
+
+FROM ${BINARY_STAGE} AS binary
+
 FROM ${RUNTIME_IMAGE} AS runtime
 ARG VERSION=0.1.0
 ARG REVISION=unknown
@@ -57,7 +68,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
       ca-certificates libssl3 libsasl2-2 libzstd1 libcurl4 curl \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --no-create-home tessel
-COPY --from=build /src/target/release/tessel-kafka /usr/local/bin/tessel-kafka
+COPY --from=binary /src/target/release/tessel-kafka /usr/local/bin/tessel-kafka
 # Numeric, so Kubernetes' runAsNonRoot can verify it (deploy/kubernetes runs as 10001 too).
 USER 10001
 EXPOSE 9464

@@ -17,6 +17,8 @@
 //! - `broker`: tests against the real Kafka broker and Schema Registry started by
 //!   `scripts/stack up`; compiled only with the `kafka-integration-tests` feature, which
 //!   `scripts/test` turns on. With the feature on, a missing stack fails the tests.
+//!   `broker::image` (feature `image-tests`, run by `scripts/image-test`) runs the container
+//!   image with podman against the stack.
 
 mod cli;
 mod compose;
