@@ -146,9 +146,11 @@ dispatcher = {{ url = "{dispatcher}", timeout_ms = 10000 }}
     .await;
 
     produce_keyed(&topic, 0, 12, 12).await;
-    wait_for("runs in flight at the dispatcher", Duration::from_secs(60), || {
-        (d.in_flight() > 0).then_some(())
-    })
+    wait_for(
+        "runs in flight at the dispatcher",
+        Duration::from_secs(60),
+        || (d.in_flight() > 0).then_some(()),
+    )
     .await;
     // SIGTERM (the image's STOPSIGNAL); 60 s before podman would kill it.
     let stopping = name.clone();
