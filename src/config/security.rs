@@ -37,6 +37,11 @@ pub struct AwsIamConfig {
     /// Session token of static temporary credentials; default: none.
     #[serde(default)]
     pub session_token: Option<Secret>,
+    /// The named profile of the shared config and credentials files the default chain
+    /// reads (the MSK snippet's `IAMLoginModule required awsProfileName="…";` sets it).
+    /// Default: `AWS_PROFILE`, else `default`. Not used with static keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 /// Why a connection's security settings cannot be used. Display never contains a value of a
@@ -113,8 +118,12 @@ pub(crate) fn normalize(
             *v = v.trim().to_ascii_uppercase();
         }
     }
+    let mut profile = None;
     if let Some(jaas) = props.remove("sasl.jaas.config") {
-        let login = parse_jaas(&jaas)?;
+        let mut login = parse_jaas(&jaas)?;
+        if short_module(&login.module) == "IAMLoginModule" {
+            profile = login.options.remove("awsProfileName");
+        }
         notices.push(translate_jaas(props, &login)?);
     }
     for key in JAVA_ONLY {
@@ -170,12 +179,28 @@ pub(crate) fn normalize(
     }
     if props.get("sasl.mechanism").map(String::as_str) == Some(MSK_IAM_MECHANISM) {
         let _ = props.insert("sasl.mechanism".to_owned(), "OAUTHBEARER".to_owned());
-        if aws.is_none() {
-            *aws = Some(AwsIamConfig::default());
+        let aws = aws.get_or_insert_with(AwsIamConfig::default);
+        if let Some(profile) = profile.take() {
+            if aws.profile.as_ref().is_some_and(|p| *p != profile) {
+                return Err(invalid(
+                    "sasl.jaas.config",
+                    "its awsProfileName conflicts with [connections.<name>.aws] profile; set one of them",
+                ));
+            }
+            aws.profile = Some(profile);
+            notices.push(
+                "translated the IAMLoginModule option awsProfileName to [connections.<name>.aws] profile".to_owned(),
+            );
         }
         notices.push(
             "AWS_MSK_IAM: authenticating with OAUTHBEARER tokens presigned with AWS SigV4 (kafka-cluster:Connect), refreshed before they expire".to_owned(),
         );
+    }
+    if profile.is_some() {
+        return Err(invalid(
+            "sasl.jaas.config",
+            "awsProfileName is an IAMLoginModule option for sasl.mechanism AWS_MSK_IAM",
+        ));
     }
     if props.contains_key("sasl.oauthbearer.token.endpoint.url")
         && !props.contains_key("sasl.oauthbearer.method")
@@ -707,6 +732,35 @@ mod tests {
             region_from_bootstrap(&p["bootstrap.servers"]).as_deref(),
             Some("eu-west-1")
         );
+    }
+
+    #[test]
+    fn msk_iam_profile_option_becomes_the_aws_profile() {
+        let mut p = props(&[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "AWS_MSK_IAM"),
+            (
+                "sasl.jaas.config",
+                r#"software.amazon.msk.auth.iam.IAMLoginModule required awsProfileName="msk-reader";"#,
+            ),
+        ]);
+        let mut aws = None;
+        let notices = normalize(&mut p, &mut aws).unwrap();
+        assert_eq!(aws.unwrap().profile.as_deref(), Some("msk-reader"));
+        assert!(
+            notices.iter().any(|n| n.contains("awsProfileName")),
+            "{notices:?}"
+        );
+        let mut p = props(&[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "AWS_MSK_IAM"),
+            (
+                "sasl.jaas.config",
+                r#"software.amazon.msk.auth.iam.IAMLoginModule required awsRoleArn="arn:aws:iam::1:role/x";"#,
+            ),
+        ]);
+        let err = normalize(&mut p, &mut None).unwrap_err().to_string();
+        assert!(err.contains("awsRoleArn"), "{err}");
     }
 
     #[test]

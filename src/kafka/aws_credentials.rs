@@ -109,32 +109,43 @@ impl CredentialSlot {
         slot
     }
 
-    /// Starts resolving aws-config's default chain (with `region` for STS) on the runtime of
-    /// `handle`.
-    pub fn spawn_default_chain(region: String, handle: &tokio::runtime::Handle) -> Arc<Self> {
+    /// Starts resolving aws-config's default chain (with `region` for STS, and the shared
+    /// files' `profile` instead of `AWS_PROFILE` when given) on the runtime of `handle`.
+    pub fn spawn_default_chain(
+        region: String,
+        profile: Option<String>,
+        handle: &tokio::runtime::Handle,
+    ) -> Arc<Self> {
         let slot = Self::new();
         let weak = Arc::downgrade(&slot);
         drop(handle.spawn(async move {
-            let chain =
+            let mut builder =
                 aws_config::default_provider::credentials::DefaultCredentialsChain::builder()
-                    .region(aws_config::Region::new(region))
-                    .build()
-                    .await;
+                    .region(aws_config::Region::new(region));
+            if let Some(profile) = &profile {
+                builder = builder.profile_name(profile);
+            }
+            let chain = builder.build().await;
             keep_fresh(chain, weak).await;
         }));
         slot
     }
 
-    /// The default chain's slot for `region`, shared by every signer of the process in that
-    /// region (the consumer's, the producer's, probes'), so the chain is resolved once per
-    /// refresh whatever the number of clients. Started on the current tokio runtime.
-    pub fn shared_default_chain(region: &str) -> Result<Arc<Self>, CredentialsUnavailable> {
-        static CHAINS: Mutex<Vec<(String, Weak<CredentialSlot>)>> = Mutex::new(Vec::new());
+    /// The default chain's slot for `region` and `profile`, shared by every signer of the
+    /// process with both (the consumer's, the producer's, probes'), so the chain is resolved
+    /// once per refresh whatever the number of clients. Started on the current tokio runtime.
+    pub fn shared_default_chain(
+        region: &str,
+        profile: Option<&str>,
+    ) -> Result<Arc<Self>, CredentialsUnavailable> {
+        type Chains = Vec<((String, Option<String>), Weak<CredentialSlot>)>;
+        static CHAINS: Mutex<Chains> = Mutex::new(Vec::new());
+        let key = (region.to_owned(), profile.map(str::to_owned));
         let mut chains = CHAINS.lock().unwrap_or_else(|p| p.into_inner());
         chains.retain(|(_, slot)| slot.strong_count() > 0);
         if let Some(slot) = chains
             .iter()
-            .find(|(r, _)| r == region)
+            .find(|(k, _)| *k == key)
             .and_then(|(_, slot)| slot.upgrade())
         {
             return Ok(slot);
@@ -144,8 +155,8 @@ impl CredentialSlot {
                 "the credential chain needs the tokio runtime".to_owned(),
             )
         })?;
-        let slot = Self::spawn_default_chain(region.to_owned(), &handle);
-        chains.push((region.to_owned(), Arc::downgrade(&slot)));
+        let slot = Self::spawn_default_chain(key.0.clone(), key.1.clone(), &handle);
+        chains.push((key, Arc::downgrade(&slot)));
         Ok(slot)
     }
 
@@ -392,6 +403,9 @@ mod tests {
     /// session token is theirs), the signed key changes as they rotate, the token expires no
     /// later than its credentials, and no credential reaches a log line or Debug output.
     ///
+    /// A signer whose connection names a profile (`awsProfileName`) signs with that
+    /// profile's keys from the shared credentials file instead.
+    ///
     /// The chain reads the process environment, so the scenario runs in a child process
     /// (this test binary, this test alone) with a cleared environment holding only
     /// `AWS_CONTAINER_CREDENTIALS_FULL_URI`, no profile files and IMDS disabled.
@@ -407,7 +421,17 @@ mod tests {
             "{}::msk_tokens_are_signed_with_rotating_credentials_from_the_default_chain",
             module_path!().trim_start_matches("tessel_kafka::")
         );
-        let empty = std::env::temp_dir().join("tessel-kafka-no-aws-profile");
+        let empty = std::env::temp_dir().join("tessel-kafka-no-aws-config");
+        // A shared credentials file with one named profile (no default profile).
+        let credentials = std::env::temp_dir().join(format!(
+            "tessel-kafka-aws-credentials-{}",
+            std::process::id()
+        ));
+        std::fs::write(
+            &credentials,
+            "[tessel-msk]\naws_access_key_id = AKIDPROFILE0001\naws_secret_access_key = profile-secret-do-not-log\n",
+        )
+        .unwrap();
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
             .env_clear()
@@ -418,7 +442,7 @@ mod tests {
             )
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("AWS_CONFIG_FILE", &empty)
-            .env("AWS_SHARED_CREDENTIALS_FILE", &empty)
+            .env("AWS_SHARED_CREDENTIALS_FILE", &credentials)
             .output()
             .unwrap();
         let output = format!(
@@ -459,12 +483,15 @@ mod tests {
         let logs = Captured::default();
         let writer = logs.clone();
         tracing_subscriber::fmt()
-            .with_env_filter("debug")
+            // The daemon's filter at its most verbose setting (`log.level = "debug"`).
+            .with_env_filter(crate::telemetry::quiet_aws_credentials(
+                tracing_subscriber::EnvFilter::new("debug"),
+            ))
             .with_writer(move || writer.clone())
             .with_ansi(false)
             .init();
         let rt = tokio::runtime::Runtime::new().unwrap();
-        let slot = CredentialSlot::spawn_default_chain("us-east-1".to_owned(), rt.handle());
+        let slot = CredentialSlot::spawn_default_chain("us-east-1".to_owned(), None, rt.handle());
         let signer = Arc::new(MskIamSigner::with_credentials(
             "us-east-1",
             Arc::clone(&slot),
@@ -520,12 +547,31 @@ mod tests {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        // The named profile, through the same chain.
+        let profiled = CredentialSlot::spawn_default_chain(
+            "us-east-1".to_owned(),
+            Some("tessel-msk".to_owned()),
+            rt.handle(),
+        );
+        let profiled = MskIamSigner::with_credentials("us-east-1", profiled);
+        let token = profiled.token().expect("a token from the profile");
+        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(&token.token)
+            .unwrap();
+        let url = url::Url::parse(std::str::from_utf8(&raw).unwrap()).unwrap();
+        let credential = url
+            .query_pairs()
+            .find(|(n, _)| n == "X-Amz-Credential")
+            .map(|(_, v)| v.into_owned())
+            .unwrap();
+        assert!(credential.starts_with("AKIDPROFILE0001/"), "{credential}");
+        assert!(!url.query_pairs().any(|(n, _)| n == "X-Amz-Security-Token"));
         let shown = format!(
-            "{}{signer:?}{slot:?}",
+            "{}{signer:?}{slot:?}{profiled:?}",
             String::from_utf8_lossy(&logs.0.lock().unwrap())
         );
         assert!(shown.contains("aws credentials resolved"), "{shown}");
-        for secret in ["do-not-log", "ASIAROTATE"] {
+        for secret in ["do-not-log", "ASIAROTATE", "AKIDPROFILE"] {
             assert!(!shown.contains(secret), "{secret} shown: {shown}");
         }
         println!("signed with {seen:?}");

@@ -119,8 +119,8 @@ impl MskIamSigner {
             .kafka
             .get("bootstrap.servers")
             .map_or("", String::as_str);
-        Self::new(aws, bootstrap, env, |region| {
-            CredentialSlot::shared_default_chain(region)
+        Self::new(aws, bootstrap, env, |region, profile| {
+            CredentialSlot::shared_default_chain(region, profile)
                 .map_err(|e| MskIamError::Unavailable(e.to_string()))
         })
         .map(Some)
@@ -139,7 +139,7 @@ impl MskIamSigner {
         aws: &AwsIamConfig,
         bootstrap: &str,
         env: impl Fn(&str) -> Option<String>,
-        chain: impl FnOnce(&str) -> Result<Arc<CredentialSlot>, MskIamError>,
+        chain: impl FnOnce(&str, Option<&str>) -> Result<Arc<CredentialSlot>, MskIamError>,
     ) -> Result<Self, MskIamError> {
         let region = aws
             .region
@@ -155,7 +155,7 @@ impl MskIamSigner {
                 secret_access_key: secret.expose().to_owned(),
                 session_token: aws.session_token.as_ref().map(|t| t.expose().to_owned()),
             },
-            (None, None) => CredentialSource::Chain(chain(&region)?),
+            (None, None) => CredentialSource::Chain(chain(&region, aws.profile.as_deref())?),
             _ => return Err(MskIamError::NoCredentials),
         };
         Ok(Self {
@@ -660,7 +660,7 @@ mod tests {
     }
 
     /// A credential chain that never answers (for tests about regions and static keys).
-    fn unfilled(_: &str) -> Result<Arc<CredentialSlot>, MskIamError> {
+    fn unfilled(_: &str, _: Option<&str>) -> Result<Arc<CredentialSlot>, MskIamError> {
         Ok(CredentialSlot::new())
     }
 
@@ -708,6 +708,7 @@ mod tests {
             access_key_id: Some(Secret::new("AKIDREFRESH")),
             secret_access_key: Some(Secret::new("very-secret-key")),
             session_token: None,
+            profile: None,
         };
         let signer = MskIamSigner::new(&aws, "", |_| None, unfilled).unwrap();
         assert!(!format!("{signer:?}").contains("very-secret-key"));
