@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::registry_paste::PastedRegistry;
 use super::secret::Secret;
 use super::security::{self, AwsIamConfig, KafkaAuth};
 use super::trigger::{ErrorPolicy, TriggerConfig};
@@ -19,6 +20,9 @@ pub struct ConnectionConfig {
     /// `sasl.password`, `group.id`, `auto.offset.reset`, `ssl.ca.location`, ...
     /// `bootstrap.servers` is required, and `group.id` when the connection has triggers. The connector sets
     /// `enable.auto.offset.store=false` and `isolation.level=read_committed` itself.
+    /// Schema Registry client properties pasted with them from a console's snippet
+    /// (`schema.registry.url`, `basic.auth.credentials.source`, `basic.auth.user.info`,
+    /// `bearer.auth.token`, `schema.registry.ssl.*`) are moved to `schema_registry` at load.
     #[serde(
         serialize_with = "super::secret::serialize_properties",
         deserialize_with = "super::secret::deserialize_properties"
@@ -117,6 +121,22 @@ pub struct RegistryConfig {
     pub timeout_ms: u64,
 }
 
+impl RegistryConfig {
+    /// A registry at `url` with every other setting at its default.
+    pub(crate) fn new(url: super::secret::Endpoint) -> Self {
+        Self {
+            url,
+            username: None,
+            password: None,
+            bearer_token: None,
+            ca_location: None,
+            certificate_location: None,
+            key_location: None,
+            timeout_ms: default_registry_timeout_ms(),
+        }
+    }
+}
+
 impl std::fmt::Debug for ConnectionConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConnectionConfig")
@@ -177,10 +197,16 @@ const OWNED_PROPERTIES: &[(&str, &str, &str)] = &[
 impl ConnectionConfig {
     /// Translates Java client properties into librdkafka's (see [`security`]) and records a
     /// notice for each translation.
+    /// Schema Registry properties pasted among the Kafka ones move to `schema_registry`
+    /// (see [`super::registry_paste`]).
     pub(super) fn normalize(&mut self, name: &str) -> Result<(), ConfigError> {
-        self.notices = security::normalize(&mut self.kafka, &mut self.aws).map_err(|e| {
+        let in_kafka = |e: security::SecurityError| {
             ConfigError::invalid(format!("connections.{name}.kafka"), e.to_string())
-        })?;
+        };
+        self.notices = security::normalize(&mut self.kafka, &mut self.aws).map_err(in_kafka)?;
+        let registry = PastedRegistry::take(&mut self.kafka).map_err(in_kafka)?;
+        self.notices
+            .extend(registry.apply(name, &mut self.schema_registry)?);
         Ok(())
     }
 

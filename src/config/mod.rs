@@ -12,6 +12,7 @@ mod connection;
 mod error;
 mod otlp;
 mod produce;
+mod registry_paste;
 mod secret;
 pub mod security;
 mod trigger;

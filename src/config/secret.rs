@@ -221,6 +221,7 @@ pub fn is_secret_property(name: &str) -> bool {
         || n.ends_with(".key.pem")
         || n.contains("jaas")
         || n.contains("token")
+        || n.contains("user.info")
         || n.ends_with("key.password")
 }
 

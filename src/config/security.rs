@@ -15,9 +15,12 @@ use super::secret::Secret;
 /// Amazon MSK IAM authentication (`"sasl.mechanism" = "AWS_MSK_IAM"`): OAUTHBEARER tokens
 /// presigned with AWS SigV4 for the `kafka-cluster:Connect` action, refreshed before expiry.
 ///
-/// Credentials are the static ones given here, else the process environment's
-/// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`, read again at every
-/// refresh.
+/// Credentials are the static ones given here (both `access_key_id` and
+/// `secret_access_key`), else the AWS default credential chain, as the AWS SDKs resolve it:
+/// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN`, the shared config and
+/// credentials files (`AWS_PROFILE`), web identity (IRSA), ECS and EKS Pod Identity container
+/// credentials, then the instance profile (IMDS). Chain credentials are resolved again before
+/// they expire, and every token is signed with the current ones.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct AwsIamConfig {
@@ -25,15 +28,20 @@ pub struct AwsIamConfig {
     /// (`b-1.x.y.kafka.<region>.amazonaws.com`), else `AWS_REGION` / `AWS_DEFAULT_REGION`.
     #[serde(default)]
     pub region: Option<String>,
-    /// Access key id; default `AWS_ACCESS_KEY_ID`.
+    /// Static access key id (with `secret_access_key`); default: the credential chain.
     #[serde(default)]
     pub access_key_id: Option<Secret>,
-    /// Secret access key; default `AWS_SECRET_ACCESS_KEY`.
+    /// Static secret access key (with `access_key_id`); default: the credential chain.
     #[serde(default)]
     pub secret_access_key: Option<Secret>,
-    /// Session token of temporary credentials; default `AWS_SESSION_TOKEN`.
+    /// Session token of static temporary credentials; default: none.
     #[serde(default)]
     pub session_token: Option<Secret>,
+    /// The named profile of the shared config and credentials files the default chain
+    /// reads (the MSK snippet's `IAMLoginModule required awsProfileName="…";` sets it).
+    /// Default: `AWS_PROFILE`, else `default`. Not used with static keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 /// Why a connection's security settings cannot be used. Display never contains a value of a
@@ -89,15 +97,6 @@ const JAVA_ONLY: &[&str] = &[
     "value.serializer",
 ];
 
-/// Schema Registry client properties that consoles put next to the Kafka ones.
-const REGISTRY_PROPERTIES: &[&str] = &[
-    "schema.registry.url",
-    "basic.auth.credentials.source",
-    "basic.auth.user.info",
-    "schema.registry.basic.auth.user.info",
-    "bearer.auth.token",
-];
-
 /// Rewrites Java-style properties into librdkafka's, in place. Returns one notice per
 /// translation. `aws` is set when the mechanism is `AWS_MSK_IAM`.
 pub(crate) fn normalize(
@@ -119,16 +118,12 @@ pub(crate) fn normalize(
             *v = v.trim().to_ascii_uppercase();
         }
     }
-    for key in REGISTRY_PROPERTIES {
-        if props.contains_key(*key) {
-            return Err(invalid(
-                key,
-                "is a Schema Registry setting: put the registry's url, username and password in [connections.<name>.schema_registry]",
-            ));
-        }
-    }
+    let mut profile = None;
     if let Some(jaas) = props.remove("sasl.jaas.config") {
-        let login = parse_jaas(&jaas)?;
+        let mut login = parse_jaas(&jaas)?;
+        if short_module(&login.module) == "IAMLoginModule" {
+            profile = login.options.remove("awsProfileName");
+        }
         notices.push(translate_jaas(props, &login)?);
     }
     for key in JAVA_ONLY {
@@ -184,12 +179,28 @@ pub(crate) fn normalize(
     }
     if props.get("sasl.mechanism").map(String::as_str) == Some(MSK_IAM_MECHANISM) {
         let _ = props.insert("sasl.mechanism".to_owned(), "OAUTHBEARER".to_owned());
-        if aws.is_none() {
-            *aws = Some(AwsIamConfig::default());
+        let aws = aws.get_or_insert_with(AwsIamConfig::default);
+        if let Some(profile) = profile.take() {
+            if aws.profile.as_ref().is_some_and(|p| *p != profile) {
+                return Err(invalid(
+                    "sasl.jaas.config",
+                    "its awsProfileName conflicts with [connections.<name>.aws] profile; set one of them",
+                ));
+            }
+            aws.profile = Some(profile);
+            notices.push(
+                "translated the IAMLoginModule option awsProfileName to [connections.<name>.aws] profile".to_owned(),
+            );
         }
         notices.push(
             "AWS_MSK_IAM: authenticating with OAUTHBEARER tokens presigned with AWS SigV4 (kafka-cluster:Connect), refreshed before they expire".to_owned(),
         );
+    }
+    if profile.is_some() {
+        return Err(invalid(
+            "sasl.jaas.config",
+            "awsProfileName is an IAMLoginModule option for sasl.mechanism AWS_MSK_IAM",
+        ));
     }
     if props.contains_key("sasl.oauthbearer.token.endpoint.url")
         && !props.contains_key("sasl.oauthbearer.method")
@@ -382,7 +393,7 @@ fn translate_jaas(
             {
                 return Err(invalid(
                     "sasl.jaas.config",
-                    format!("IAMLoginModule option {unsupported} is not supported: give credentials in [connections.<name>.aws] or the AWS_* environment variables"),
+                    format!("IAMLoginModule option {unsupported} is not supported: the AWS default credential chain (environment, profile files, IRSA, ECS/EKS container credentials, IMDS) or [connections.<name>.aws] gives the credentials"),
                 ));
             }
             Ok("dropped \"sasl.jaas.config\" (IAMLoginModule): AWS_MSK_IAM tokens are signed by the connector".to_owned())
@@ -724,6 +735,35 @@ mod tests {
     }
 
     #[test]
+    fn msk_iam_profile_option_becomes_the_aws_profile() {
+        let mut p = props(&[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "AWS_MSK_IAM"),
+            (
+                "sasl.jaas.config",
+                r#"software.amazon.msk.auth.iam.IAMLoginModule required awsProfileName="msk-reader";"#,
+            ),
+        ]);
+        let mut aws = None;
+        let notices = normalize(&mut p, &mut aws).unwrap();
+        assert_eq!(aws.unwrap().profile.as_deref(), Some("msk-reader"));
+        assert!(
+            notices.iter().any(|n| n.contains("awsProfileName")),
+            "{notices:?}"
+        );
+        let mut p = props(&[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "AWS_MSK_IAM"),
+            (
+                "sasl.jaas.config",
+                r#"software.amazon.msk.auth.iam.IAMLoginModule required awsRoleArn="arn:aws:iam::1:role/x";"#,
+            ),
+        ]);
+        let err = normalize(&mut p, &mut None).unwrap_err().to_string();
+        assert!(err.contains("awsRoleArn"), "{err}");
+    }
+
+    #[test]
     fn msk_iam_needs_tls() {
         let mut p = props(&[
             ("security.protocol", "SASL_PLAINTEXT"),
@@ -789,14 +829,6 @@ mod tests {
         let mut p = props(&[("ssl.truststore.location", "/etc/client.truststore.jks")]);
         let err = normalize(&mut p, &mut None).unwrap_err().to_string();
         assert!(err.contains("ssl.ca.location"), "{err}");
-    }
-
-    #[test]
-    fn registry_properties_in_the_kafka_table_point_to_the_registry_section() {
-        let mut p = props(&[("basic.auth.user.info", "KEY:SECRET")]);
-        let err = normalize(&mut p, &mut None).unwrap_err().to_string();
-        assert!(err.contains("schema_registry"), "{err}");
-        assert!(!err.contains("SECRET"), "{err}");
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! offsets ([`offsets`]) and spawns a task per started message ([`worker`]).
 //! A connection without triggers runs none of this, only [`produce_only`]'s health probe.
 
+pub mod aws_credentials;
 pub mod commit_thread;
 pub mod committer;
 pub mod context;

@@ -12,6 +12,12 @@
 //! signers produce it. Its lifetime is `X-Amz-Date + X-Amz-Expires`; librdkafka asks for a
 //! new one at 80 % of it, on whichever thread polls the client (the consumer's poll thread,
 //! the producer's own polling thread even while it sends nothing).
+//!
+//! # Credentials
+//! Static keys from `[connections.<name>.aws]`, else aws-config's default chain, resolved and
+//! kept fresh by a background task (see [`super::aws_credentials`]): each token is signed with
+//! the credentials current when librdkafka asks for it, and its lifetime ends no later than
+//! theirs, so librdkafka asks again before they expire.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -27,6 +33,7 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use thiserror::Error;
 
+use super::aws_credentials::{CredentialSlot, FIRST_CREDENTIALS_WAIT};
 use crate::config::security::{region_from_bootstrap, AwsIamConfig};
 use crate::config::ConnectionConfig;
 
@@ -42,9 +49,12 @@ pub enum MskIamError {
     /// No region in the config, the bootstrap host names or the environment.
     #[error("no AWS region: set [connections.<name>.aws] region or AWS_REGION")]
     NoRegion,
-    /// No access key id or secret key in the config or the environment.
-    #[error("no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or [connections.<name>.aws])")]
+    /// Only one of the access key id and the secret key is configured.
+    #[error("[connections.<name>.aws] needs both access_key_id and secret_access_key (or neither, to use the AWS default credential chain)")]
     NoCredentials,
+    /// The default credential chain has no usable credentials (why, without a credential).
+    #[error("no AWS credentials: {0}")]
+    Unavailable(String),
     /// Signing failed.
     #[error("cannot sign the MSK IAM token: {0}")]
     Signing(String),
@@ -59,11 +69,12 @@ enum CredentialSource {
         secret_access_key: String,
         session_token: Option<String>,
     },
-    /// From the process environment, read at every refresh.
-    Environment,
+    /// From aws-config's default chain, kept fresh by a background task.
+    Chain(Arc<CredentialSlot>),
 }
 
-/// Makes MSK IAM tokens for one connection.
+/// Makes MSK IAM tokens for one connection. Debug shows the region and the kind of
+/// credentials, never a credential.
 #[derive(Clone)]
 pub struct MskIamSigner {
     region: String,
@@ -72,9 +83,14 @@ pub struct MskIamSigner {
 
 impl std::fmt::Debug for MskIamSigner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let credentials = match &self.credentials {
+            CredentialSource::Static { .. } => "static (config)",
+            CredentialSource::Chain(_) => "default chain",
+        };
         f.debug_struct("MskIamSigner")
             .field("region", &self.region)
-            .finish_non_exhaustive()
+            .field("credentials", &credentials)
+            .finish()
     }
 }
 
@@ -88,8 +104,10 @@ pub struct MskToken {
 }
 
 impl MskIamSigner {
-    /// The signer of a connection with MSK IAM, reading the region and credentials from the
-    /// config, else the environment (`env` is the process's in production).
+    /// The signer of a connection with MSK IAM: the region from the config, the bootstrap
+    /// host names or the environment (`env` is the process's in production); static
+    /// credentials from the config, else the AWS default chain, shared by the process's
+    /// signers of that region and refreshed on the current tokio runtime.
     pub fn from_config(
         conn: &ConnectionConfig,
         env: impl Fn(&str) -> Option<String>,
@@ -101,13 +119,27 @@ impl MskIamSigner {
             .kafka
             .get("bootstrap.servers")
             .map_or("", String::as_str);
-        Self::new(aws, bootstrap, env).map(Some)
+        Self::new(aws, bootstrap, env, |region, profile| {
+            CredentialSlot::shared_default_chain(region, profile)
+                .map_err(|e| MskIamError::Unavailable(e.to_string()))
+        })
+        .map(Some)
+    }
+
+    /// A signer for `region` whose credentials come from `slot` (a chain of the caller's
+    /// choosing, see [`CredentialSlot::spawn`]).
+    pub fn with_credentials(region: &str, slot: Arc<CredentialSlot>) -> Self {
+        Self {
+            region: region.to_owned(),
+            credentials: CredentialSource::Chain(slot),
+        }
     }
 
     fn new(
         aws: &AwsIamConfig,
         bootstrap: &str,
         env: impl Fn(&str) -> Option<String>,
+        chain: impl FnOnce(&str, Option<&str>) -> Result<Arc<CredentialSlot>, MskIamError>,
     ) -> Result<Self, MskIamError> {
         let region = aws
             .region
@@ -123,7 +155,7 @@ impl MskIamSigner {
                 secret_access_key: secret.expose().to_owned(),
                 session_token: aws.session_token.as_ref().map(|t| t.expose().to_owned()),
             },
-            (None, None) => CredentialSource::Environment,
+            (None, None) => CredentialSource::Chain(chain(&region, aws.profile.as_deref())?),
             _ => return Err(MskIamError::NoCredentials),
         };
         Ok(Self {
@@ -145,19 +177,9 @@ impl MskIamSigner {
                 None,
                 "tessel-kafka-config",
             )),
-            CredentialSource::Environment => {
-                let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
-                match (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) {
-                    (Some(id), Some(secret)) => Ok(Credentials::new(
-                        id,
-                        secret,
-                        var("AWS_SESSION_TOKEN"),
-                        None,
-                        "tessel-kafka-environment",
-                    )),
-                    _ => Err(MskIamError::NoCredentials),
-                }
-            }
+            CredentialSource::Chain(slot) => slot
+                .current(FIRST_CREDENTIALS_WAIT)
+                .map_err(|e| MskIamError::Unavailable(e.to_string())),
         }
     }
 
@@ -209,7 +231,8 @@ fn presign(
         .collect())
 }
 
-/// The MSK IAM token for `credentials` in `region`, signed at `time`.
+/// The MSK IAM token for `credentials` in `region`, signed at `time`. It expires after
+/// [`MSK_TOKEN_LIFETIME`], or with the credentials when they expire sooner.
 pub fn msk_token(
     credentials: &Credentials,
     region: &str,
@@ -241,8 +264,14 @@ pub fn msk_token(
     let signed_at = time
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_err(|e| MskIamError::Signing(e.to_string()))?;
-    let expires_at_ms = i64::try_from((signed_at + MSK_TOKEN_LIFETIME).as_millis())
-        .map_err(|e| MskIamError::Signing(e.to_string()))?;
+    let mut expires_at = signed_at + MSK_TOKEN_LIFETIME;
+    if let Some(expiry) = credentials.expiry() {
+        if let Ok(until) = expiry.duration_since(SystemTime::UNIX_EPOCH) {
+            expires_at = expires_at.min(until);
+        }
+    }
+    let expires_at_ms =
+        i64::try_from(expires_at.as_millis()).map_err(|e| MskIamError::Signing(e.to_string()))?;
     Ok(MskToken {
         token: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(url.as_str()),
         expires_at_ms,
@@ -630,6 +659,11 @@ mod tests {
         assert_eq!(get("X-Amz-Signature"), expected);
     }
 
+    /// A credential chain that never answers (for tests about regions and static keys).
+    fn unfilled(_: &str, _: Option<&str>) -> Result<Arc<CredentialSlot>, MskIamError> {
+        Ok(CredentialSlot::new())
+    }
+
     #[test]
     fn signer_takes_region_from_bootstrap_and_refuses_half_credentials() {
         let aws = AwsIamConfig::default();
@@ -638,16 +672,20 @@ mod tests {
             &aws,
             "b-1.c.x.c2.kafka.ap-south-1.amazonaws.com:9098",
             no_env,
+            unfilled,
         )
         .unwrap();
         assert_eq!(s.region, "ap-south-1");
         assert_eq!(
-            MskIamSigner::new(&aws, "broker:9098", no_env).unwrap_err(),
+            MskIamSigner::new(&aws, "broker:9098", no_env, unfilled).unwrap_err(),
             MskIamError::NoRegion
         );
-        let s = MskIamSigner::new(&aws, "broker:9098", |v| {
-            (v == "AWS_REGION").then(|| "eu-central-1".to_owned())
-        })
+        let s = MskIamSigner::new(
+            &aws,
+            "broker:9098",
+            |v| (v == "AWS_REGION").then(|| "eu-central-1".to_owned()),
+            unfilled,
+        )
         .unwrap();
         assert_eq!(s.region, "eu-central-1");
         let half = AwsIamConfig {
@@ -656,7 +694,7 @@ mod tests {
             ..AwsIamConfig::default()
         };
         assert_eq!(
-            MskIamSigner::new(&half, "", no_env).unwrap_err(),
+            MskIamSigner::new(&half, "", no_env, unfilled).unwrap_err(),
             MskIamError::NoCredentials
         );
     }
@@ -670,8 +708,9 @@ mod tests {
             access_key_id: Some(Secret::new("AKIDREFRESH")),
             secret_access_key: Some(Secret::new("very-secret-key")),
             session_token: None,
+            profile: None,
         };
-        let signer = MskIamSigner::new(&aws, "", |_| None).unwrap();
+        let signer = MskIamSigner::new(&aws, "", |_| None, unfilled).unwrap();
         assert!(!format!("{signer:?}").contains("very-secret-key"));
         let creds = signer.credentials().unwrap();
         let t0 = SystemTime::now();

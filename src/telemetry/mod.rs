@@ -39,6 +39,22 @@ impl Telemetry {
     }
 }
 
+/// The AWS crates' targets that log credentials they load: aws-config's profile provider
+/// names the access key id at `info` and `debug` (the secret is redacted).
+const AWS_CREDENTIAL_TARGETS: &[&str] = &["aws_config", "aws_runtime", "aws_sdk_sts"];
+
+/// `filter` with the AWS crates capped at `warn`, unless it names one of their targets itself
+/// (an explicit `aws_config=debug` is the operator's choice).
+pub fn quiet_aws_credentials(filter: EnvFilter) -> EnvFilter {
+    let text = filter.to_string();
+    AWS_CREDENTIAL_TARGETS
+        .iter()
+        .filter(|t| !text.contains(*t))
+        .fold(filter, |f, t| {
+            f.add_directive(format!("{t}=warn").parse().expect("a valid directive"))
+        })
+}
+
 /// Installs the global tracing subscriber: log lines to stderr (`RUST_LOG` wins over the
 /// configured level) and, with `otlp`, message spans to the collector.
 pub fn init_tracing(config: &LogConfig, otlp: Option<&OtlpConfig>) -> Telemetry {
@@ -47,10 +63,12 @@ pub fn init_tracing(config: &LogConfig, otlp: Option<&OtlpConfig>) -> Telemetry 
     let hide_traces = format!("{}=off", trace::TARGET)
         .parse()
         .expect("a valid directive");
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&config.level))
-        .unwrap_or_else(|_| EnvFilter::new("info"))
-        .add_directive(hide_traces);
+    let filter = quiet_aws_credentials(
+        EnvFilter::try_from_default_env()
+            .or_else(|_| EnvFilter::try_new(&config.level))
+            .unwrap_or_else(|_| EnvFilter::new("info")),
+    )
+    .add_directive(hide_traces);
     let log = match config.format {
         LogFormat::Json => fmt::layer()
             .json()
@@ -133,4 +151,22 @@ fn build_provider(o: &OtlpConfig) -> Result<SdkTracerProvider, String> {
         ))))
         .with_resource(resource)
         .build())
+}
+
+#[cfg(test)]
+mod filter_tests {
+    use super::*;
+
+    #[test]
+    fn aws_crates_are_capped_at_warn_unless_the_filter_names_them() {
+        let f = quiet_aws_credentials(EnvFilter::new("debug")).to_string();
+        for t in AWS_CREDENTIAL_TARGETS {
+            assert!(f.contains(&format!("{t}=warn")), "{f}");
+        }
+        let f = quiet_aws_credentials(EnvFilter::new("info,aws_config=debug")).to_string();
+        assert!(
+            f.contains("aws_config=debug") && !f.contains("aws_config=warn"),
+            "{f}"
+        );
+    }
 }

@@ -117,7 +117,7 @@ fn example_configs_pass_config_check_without_printing_secrets() {
             "CONFLUENT_JAAS_CONFIG",
             r#"org.apache.kafka.common.security.plain.PlainLoginModule required username="CCKEY" password="dummy-confluent-secret";"#,
         ),
-        ("CONFLUENT_SR_API_SECRET", "dummy-sr-secret"),
+        ("CONFLUENT_SR_USER_INFO", "SR-API-KEY:dummy-sr-secret"),
         ("MSK_SCRAM_PASSWORD", "dummy-msk-password"),
         ("AIVEN_REGISTRY_PASSWORD", "dummy-aiven-registry"),
         (

@@ -12,6 +12,7 @@ pub struct TestConfig {
     dispatcher_url: String,
     server_listen: Option<String>,
     kafka: BTreeMap<String, String>,
+    registry: BTreeMap<String, String>,
     connection: BTreeMap<String, String>,
     trigger: BTreeMap<String, String>,
     retry: BTreeMap<String, String>,
@@ -28,6 +29,7 @@ impl TestConfig {
             dispatcher_url: dispatcher_url.to_owned(),
             server_listen: None,
             kafka: BTreeMap::new(),
+            registry: BTreeMap::new(),
             connection: BTreeMap::new(),
             trigger: BTreeMap::new(),
             retry: BTreeMap::new(),
@@ -43,6 +45,33 @@ impl TestConfig {
     /// Sets a librdkafka property of the connection.
     pub fn kafka(mut self, key: &str, value: &str) -> Self {
         let _ = self.kafka.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Pastes a Java client properties file as a provider's console hands it out: each
+    /// `key=value` line (split at the first `=`, no escapes; `#` comments and blank lines
+    /// skipped) becomes a property of the connection's `kafka` table, and the file's
+    /// `bootstrap.servers` replaces the builder's.
+    pub fn paste_properties(mut self, text: &str) -> Self {
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
+                continue;
+            }
+            let (key, value) = line.split_once('=').unwrap_or((line, ""));
+            let (key, value) = (key.trim(), value.trim());
+            if key == "bootstrap.servers" {
+                self.bootstrap = value.to_owned();
+            } else {
+                self = self.kafka(key, value);
+            }
+        }
+        self
+    }
+
+    /// Sets a `[connections.it.schema_registry]` key (a TOML literal); the table is written
+    /// only when some key is set.
+    pub fn registry(mut self, key: &str, toml_value: &str) -> Self {
+        let _ = self.registry.insert(key.to_owned(), toml_value.to_owned());
         self
     }
 
@@ -88,6 +117,12 @@ impl TestConfig {
         out.push_str(&format!("\"group.id\" = {}\n", q(&self.group)));
         for (k, v) in &self.kafka {
             out.push_str(&format!("{} = {}\n", q(k), q(v)));
+        }
+        if !self.registry.is_empty() {
+            out.push_str("[connections.it.schema_registry]\n");
+            for (k, v) in &self.registry {
+                out.push_str(&format!("{k} = {v}\n"));
+            }
         }
         out.push_str("[connections.it.triggers.main]\n");
         let topics: Vec<String> = self.topics.iter().map(|t| q(t)).collect();

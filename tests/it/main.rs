@@ -2,6 +2,8 @@
 //! The one integration-test binary.
 //!
 //! - `cli`: the binary's behaviour that needs no broker (config errors).
+//! - `console_snippets`: each provider's client snippet pasted whole into a `kafka` table,
+//!   registry lines included, through `config check`.
 //! - `oidc`: OAUTHBEARER OIDC token fetching against a local token endpoint (no broker).
 //! - `registry_auth`: Schema Registry basic and bearer auth, refusals, TLS file errors.
 //! - `deploy`: the Kubernetes manifests' structure (restricted pod security, probes,
@@ -15,10 +17,13 @@
 //! - `broker`: tests against the real Kafka broker and Schema Registry started by
 //!   `scripts/stack up`; compiled only with the `kafka-integration-tests` feature, which
 //!   `scripts/test` turns on. With the feature on, a missing stack fails the tests.
+//!   `broker::image` (feature `image-tests`, run by `scripts/image-test`) runs the container
+//!   image with podman against the stack.
 
 mod cli;
 mod compose;
 mod config_builder;
+mod console_snippets;
 mod deploy;
 mod hermetic;
 mod oidc;

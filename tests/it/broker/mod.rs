@@ -3,6 +3,8 @@
 mod demo;
 mod failures;
 mod hostile;
+#[cfg(feature = "image-tests")]
+mod image;
 mod measured;
 mod operations;
 mod ordering;
