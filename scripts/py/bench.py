@@ -230,10 +230,12 @@ listen = "127.0.0.1:{free_port()}"
 
 [connections.bench]
 drain_timeout_ms = 10000
+{os.environ.get("BENCH_CONNECTION_TOML", "")}
 [connections.bench.kafka]
 "bootstrap.servers" = "{os.environ['TESSEL_IT_BOOTSTRAP']}"
 "group.id" = "{group}"
 "auto.offset.reset" = "earliest"
+{os.environ.get("BENCH_KAFKA_TOML", "")}
 [connections.bench.schema_registry]
 url = "{os.environ['TESSEL_IT_REGISTRY_URL']}"
 [connections.bench.triggers.bench]

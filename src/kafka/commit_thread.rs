@@ -85,16 +85,10 @@ pub fn spawn(
                 if let Some(reason) = &refused {
                     tracing::debug!(connection = %name, error = %reason, "offset commit refused");
                 }
-                let results = batch
-                    .into_iter()
-                    .map(|(tp, offset, metadata)| CommitResult {
-                        tp,
-                        offset,
-                        metadata,
-                        refused: refused.clone(),
-                    })
-                    .collect();
-                if answers.send(CommitAnswer::Consumer(results)).is_err() {
+                if answers
+                    .send(CommitAnswer::Consumer(results(batch, refused)))
+                    .is_err()
+                {
                     break;
                 }
             }
@@ -172,21 +166,28 @@ pub fn spawn_fallback(
                 if let Some(reason) = &refused {
                     tracing::debug!(connection = %name, error = %reason, "offset commit through the fallback refused");
                 }
-                let results = batch
-                    .into_iter()
-                    .map(|(tp, offset, metadata)| CommitResult {
-                        tp,
-                        offset,
-                        metadata,
-                        refused: refused.clone(),
-                    })
-                    .collect();
-                if answers.send(CommitAnswer::Fallback(results)).is_err() {
+                if answers
+                    .send(CommitAnswer::Fallback(results(batch, refused)))
+                    .is_err()
+                {
                     break;
                 }
             }
         })?;
     Ok((tx, handle))
+}
+
+/// The verdict on every commit of `batch`: one request, one answer.
+fn results(batch: CommitBatch, refused: Option<String>) -> Vec<CommitResult> {
+    batch
+        .into_iter()
+        .map(|(tp, offset, metadata)| CommitResult {
+            tp,
+            offset,
+            metadata,
+            refused: refused.clone(),
+        })
+        .collect()
 }
 
 /// Commits `tpl` for the consumer's group, generation and member in one transaction; an

@@ -311,21 +311,7 @@ impl Committer {
             }
         }
         match self.confirmed.get(&r.tp) {
-            Some((newer, metadata)) if *newer > r.offset => {
-                if !self.wanted.contains_key(&r.tp) {
-                    let (offset, metadata) = (*newer, metadata.clone());
-                    let _ = self.wanted.insert(
-                        r.tp.clone(),
-                        Wanted {
-                            offset,
-                            metadata,
-                            since: now,
-                            sent_at: None,
-                            not_before: None,
-                        },
-                    );
-                }
-            }
+            Some((newer, _)) if *newer > r.offset => self.want_confirmed_again(now, &r.tp),
             _ => {
                 let _ = self
                     .confirmed
@@ -375,21 +361,26 @@ impl Committer {
         // transaction's offsets keeps its older offset): the consumer's path has the last
         // word on what the fallback confirmed meanwhile.
         for tp in std::mem::take(&mut self.settle) {
-            if self.wanted.contains_key(&tp) {
-                continue;
-            }
-            if let Some((offset, metadata)) = self.confirmed.get(&tp).cloned() {
-                let _ = self.wanted.insert(
-                    tp,
-                    Wanted {
-                        offset,
-                        metadata,
-                        since: now,
-                        sent_at: None,
-                        not_before: None,
-                    },
-                );
-            }
+            self.want_confirmed_again(now, &tp);
+        }
+    }
+
+    /// Wants the last confirmed commit of `tp` once more, unless a newer one is wanted.
+    fn want_confirmed_again(&mut self, now: Instant, tp: &TopicPartition) {
+        if self.wanted.contains_key(tp) {
+            return;
+        }
+        if let Some((offset, metadata)) = self.confirmed.get(tp).cloned() {
+            let _ = self.wanted.insert(
+                tp.clone(),
+                Wanted {
+                    offset,
+                    metadata,
+                    since: now,
+                    sent_at: None,
+                    not_before: None,
+                },
+            );
         }
     }
 

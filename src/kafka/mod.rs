@@ -109,13 +109,9 @@ pub fn consumer_config(name: &str, conn: &ConnectionConfig) -> ClientConfig {
     if !conn.kafka.contains_key("client.id") {
         let _ = cfg.set("client.id", format!("tessel-kafka-{name}"));
     }
-    let kip848 = conn
-        .kafka
-        .get("group.protocol")
-        .is_some_and(|p| p.eq_ignore_ascii_case("consumer"));
-    if !kip848 && !conn.kafka.contains_key("partition.assignment.strategy") {
-        let _ = cfg.set("partition.assignment.strategy", "cooperative-sticky");
-    }
+    // The classic protocol keeps librdkafka's default assignment, `range,roundrobin` (eager):
+    // a member drains and commits before it rejoins, so no commit waits behind a rejoin (see
+    // the commit rule in super::committer; cooperative-sticky relies on its fallback there).
     // Owned by the connector (validated in the config): see crate::config.
     let _ = cfg
         .set("enable.auto.offset.store", "false")

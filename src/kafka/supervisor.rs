@@ -93,7 +93,7 @@ struct PendingRevoke {
     deadline: Instant,
 }
 
-/// The commit thread, while it runs.
+/// The commit and flow threads, while they run.
 struct CommitChannel {
     requests: std::sync::mpsc::Sender<CommitBatch>,
     thread: std::thread::JoinHandle<()>,
@@ -102,6 +102,11 @@ struct CommitChannel {
         std::sync::mpsc::Sender<CommitBatch>,
         std::thread::JoinHandle<()>,
     )>,
+    /// The flow thread: pauses and resumes, in order, off the runtime.
+    flow: (
+        std::sync::mpsc::Sender<super::poll_loop::FlowOp>,
+        std::thread::JoinHandle<()>,
+    ),
 }
 
 /// Runs one connection.
@@ -343,10 +348,13 @@ impl ConnectionSupervisor {
             self.committer.fallback_unavailable();
             None
         };
+        let flow = super::poll_loop::spawn_flow_thread(&self.name, Arc::clone(&self.consumer))
+            .map_err(|e| SupervisorError::Thread(self.name.clone(), e))?;
         self.commits = Some(CommitChannel {
             requests,
             thread,
             fallback,
+            flow,
         });
 
         let mut stall_check = tokio::time::interval(STALL_CHECK);
@@ -492,9 +500,8 @@ impl ConnectionSupervisor {
             let _ = fresh.add_partition(&a.tp.topic, a.tp.partition);
         }
         if fresh.count() > 0 {
-            if let Err(e) = self.consumer.resume(&fresh) {
-                tracing::warn!(connection = %self.name, error = %e, "cannot resume newly assigned partitions");
-            }
+            // Through the flow thread, behind any pause decided before the revoke.
+            self.pause_or_resume(false, fresh);
         }
         let now = Instant::now();
         for a in assigned {
@@ -575,6 +582,30 @@ impl ConnectionSupervisor {
         }
     }
 
+    /// Pauses or resumes `tpl` through the flow thread (in the order decided), or here while
+    /// it does not run (before `run`, during shutdown).
+    fn pause_or_resume(&self, pause: bool, tpl: TopicPartitionList) {
+        let tpl = match &self.commits {
+            Some(c) => match c.flow.0.send(super::poll_loop::FlowOp {
+                pause,
+                partitions: tpl,
+            }) {
+                Ok(()) => return,
+                Err(std::sync::mpsc::SendError(op)) => op.partitions,
+            },
+            None => tpl,
+        };
+        let result = if pause {
+            self.consumer.pause(&tpl)
+        } else {
+            self.consumer.resume(&tpl)
+        };
+        if let Err(e) = result {
+            let what = if pause { "pause" } else { "resume" };
+            tracing::warn!(connection = %self.name, error = %e, "cannot {what} partitions");
+        }
+    }
+
     /// Applies what the partition set decided: starts runs, pauses and resumes partitions.
     fn process(&mut self) {
         let mut actions = std::mem::take(&mut self.actions);
@@ -591,15 +622,7 @@ impl ConnectionSupervisor {
             for tp in list.drain(..) {
                 let _ = tpl.add_partition(&tp.topic, tp.partition);
             }
-            let result = if pause {
-                self.consumer.pause(&tpl)
-            } else {
-                self.consumer.resume(&tpl)
-            };
-            if let Err(e) = result {
-                let what = if pause { "pause" } else { "resume" };
-                tracing::warn!(connection = %self.name, error = %e, "cannot {what} partitions");
-            }
+            self.pause_or_resume(pause, tpl);
         }
         if changed {
             self.report_partitions();
@@ -815,8 +838,11 @@ impl ConnectionSupervisor {
                 drop(requests);
                 thread
             });
+            let (flow, flow_thread) = c.flow;
+            drop(flow);
             let _ = tokio::task::spawn_blocking(move || {
                 let _ = c.thread.join();
+                let _ = flow_thread.join();
                 if let Some(t) = fallback {
                     let _ = t.join();
                 }

@@ -14,8 +14,8 @@
 //! the group's commits (offset and `tk1` metadata, read once the killed replica's requests are
 //! answered) did not cover, and the repeats that arrived after that kill and before the next.
 //!
-//! Four variants: the classic protocol with eager assignment (`range`); with cooperative-sticky
-//! assignment (the default), where the commits a survivor sends behind its JoinGroup wait until
+//! Four variants: the classic protocol with eager assignment (`range`, like the default
+//! `range,roundrobin`); with cooperative-sticky assignment, where the commits a survivor sends behind its JoinGroup wait until
 //! the dead member's session expires and go through the transactional commit fallback
 //! meanwhile (before it: 198 repeats against a bound of 156; reported, not asserted: see the
 //! comment at the assertion); the same with static membership

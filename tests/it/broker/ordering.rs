@@ -117,10 +117,11 @@ async fn rebalance_hands_over(protocol: &str) {
     })
     .await;
     let group = unique("rebalance-group");
-    let extra_kafka = if protocol == "consumer" {
-        "\"group.protocol\" = \"consumer\"\n"
-    } else {
-        ""
+    let extra_kafka = match protocol {
+        "consumer" => "\"group.protocol\" = \"consumer\"\n",
+        "cooperative" => "\"partition.assignment.strategy\" = \"cooperative-sticky\"\n",
+        // The classic protocol with the default (eager) assignment.
+        _ => "",
     };
     let toml = connection_toml(&group, &topic, &d.url(), "concurrency = 16").replace(
         "\"auto.offset.reset\" = \"earliest\"\n",
@@ -152,8 +153,13 @@ async fn rebalance_hands_over(protocol: &str) {
 }
 
 #[tokio::test]
-async fn rebalance_with_cooperative_sticky_loses_and_repeats_nothing() {
+async fn rebalance_with_the_default_eager_assignment_loses_and_repeats_nothing() {
     rebalance_hands_over("classic").await;
+}
+
+#[tokio::test]
+async fn rebalance_with_cooperative_sticky_loses_and_repeats_nothing() {
+    rebalance_hands_over("cooperative").await;
 }
 
 #[tokio::test]
