@@ -70,10 +70,7 @@ pub fn spawn(
         .name(format!("kafka-commit-{connection}"))
         .spawn(move || {
             while let Ok(batch) = rx.recv() {
-                let mut tpl = TopicPartitionList::with_capacity(batch.len());
-                for (tp, offset, metadata) in &batch {
-                    add(&mut tpl, tp, *offset, metadata);
-                }
+                let tpl = tpl_of(&batch);
                 let refused = match consumer.commit(&tpl, CommitMode::Sync) {
                     Ok(())
                     | Err(rdkafka::error::KafkaError::ConsumerCommit(
@@ -150,10 +147,7 @@ pub fn spawn_fallback(
                 }
             };
             while let Ok(batch) = rx.recv() {
-                let mut tpl = TopicPartitionList::with_capacity(batch.len());
-                for (tp, offset, metadata) in &batch {
-                    add(&mut tpl, tp, *offset, metadata);
-                }
+                let tpl = tpl_of(&batch);
                 let refused = match commit_in_transaction(&producer, &consumer, &tpl) {
                     Ok(()) => None,
                     Err(e) if is_fatal(&e) => {
@@ -221,6 +215,15 @@ fn is_fatal(e: &KafkaError) -> bool {
     matches!(e, KafkaError::Transaction(err) if err.is_fatal())
 }
 
+/// The partition list of `batch`, offsets and metadata set.
+fn tpl_of(batch: &CommitBatch) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::with_capacity(batch.len());
+    for (tp, offset, metadata) in batch {
+        add(&mut tpl, tp, *offset, metadata);
+    }
+    tpl
+}
+
 /// Adds `tp` at `offset` with `metadata` to `tpl`.
 pub fn add(tpl: &mut TopicPartitionList, tp: &TopicPartition, offset: i64, metadata: &str) {
     let mut elem = tpl.add_partition(&tp.topic, tp.partition);
@@ -234,10 +237,7 @@ pub async fn commit_sync(connection: &str, consumer: &Arc<Consumer_>, commits: C
     if commits.is_empty() {
         return;
     }
-    let mut tpl = TopicPartitionList::with_capacity(commits.len());
-    for (tp, offset, metadata) in &commits {
-        add(&mut tpl, tp, *offset, metadata);
-    }
+    let tpl = tpl_of(&commits);
     let consumer = Arc::clone(consumer);
     // Store first: librdkafka commits stored offsets again on close, and an older stored
     // offset must not replace this commit.

@@ -76,6 +76,11 @@ impl ConnectorContext {
         }
     }
 
+    /// The connection's MSK IAM signer, for its other clients (the commit fallback).
+    pub(crate) fn signer(&self) -> Option<Arc<MskIamSigner>> {
+        self.client.signer()
+    }
+
     /// Says where the group starts reading a partition it never committed: at its end when
     /// `auto_offset_reset` is `latest` (or `largest`, `end`), else at its beginning. Lag
     /// before the first commit counts from there.

@@ -435,6 +435,11 @@ impl SecurityContext {
         &self.connection
     }
 
+    /// The MSK IAM signer the clients of the connection share, if any.
+    pub fn signer(&self) -> Option<Arc<MskIamSigner>> {
+        self.signer.clone()
+    }
+
     /// An OAUTHBEARER token (MSK IAM when configured).
     pub(crate) fn oauth_token(&self) -> Result<OAuthToken, Box<dyn std::error::Error>> {
         oauth_token(self.signer.as_deref())

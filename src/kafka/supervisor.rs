@@ -329,11 +329,7 @@ impl ConnectionSupervisor {
         )
         .map_err(|e| SupervisorError::Thread(self.name.clone(), e))?;
         let fallback = if self.uses_fallback() {
-            let signer =
-                super::security::MskIamSigner::from_config(&self.config, |v| std::env::var(v).ok())
-                    .ok()
-                    .flatten()
-                    .map(Arc::new);
+            let signer = self.consumer.context().signer();
             Some(
                 commit_thread::spawn_fallback(
                     &self.name,

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tessel_kafka::cli::dev_dispatcher::Faults;
 
 use super::{committed, create_topic, dispatcher, produce_keyed};
+use crate::config_builder::TestConfig;
 use crate::support::{free_port, stack, temp_config, unique, wait_for, wait_for_async};
 
 /// The image under test; the test fails (never skips) without it.
@@ -79,27 +80,15 @@ async fn the_image_runs_non_root_dispatches_and_drains_and_commits_on_stop() {
     .await;
     let group = unique("image-group");
     let port = free_port();
-    let config = temp_config(&format!(
-        r#"
-[server]
-listen = "127.0.0.1:{port}"
-[connections.it]
-drain_timeout_ms = 20000
-[connections.it.kafka]
-"bootstrap.servers" = "{bootstrap}"
-"group.id" = "{group}"
-"auto.offset.reset" = "earliest"
-[connections.it.triggers.main]
-topics = ["{topic}"]
-workflow = "wf-image"
-concurrency = 4
-ordering = "unordered"
-value_format = "json"
-dispatcher = {{ url = "{dispatcher}", timeout_ms = 10000 }}
-"#,
-        bootstrap = stack().bootstrap,
-        dispatcher = d.url(),
-    ));
+    let config = temp_config(
+        &TestConfig::new(&stack().bootstrap, &group, &topic, &d.url())
+            .server(&format!("127.0.0.1:{port}"))
+            .connection("drain_timeout_ms", "20000")
+            .trigger("concurrency", "4")
+            .trigger("ordering", "\"unordered\"")
+            .trigger("value_format", "\"json\"")
+            .toml(),
+    );
     let name = unique("tessel-kafka-image");
     let mount = format!("{}:/etc/tessel-kafka/config.toml:ro", config.display());
     podman(&[
