@@ -324,6 +324,7 @@ mod tests {
             "{first}"
         );
         assert!(first.contains("user-agent: tessel-kafka/"), "{first}");
+        assert!(first.contains(&format!("host: {addr}\r\n")), "{first}");
         assert!(first.ends_with("\r\n\r\n{\"a\":1}"), "{first}");
         assert!(seen[1].contains("kafka:g:t:0:1"), "{}", seen[1]);
     }
@@ -349,5 +350,84 @@ mod tests {
             }
             other => panic!("expected Retryable 503, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_server_closed_while_idle_is_replaced_without_a_failure() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+        let server = tokio::spawn(async move {
+            let mut closed_tx = Some(closed_tx);
+            for _ in 0..2 {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 8192];
+                let mut seen = Vec::new();
+                loop {
+                    let n = socket.read(&mut buf).await.unwrap();
+                    seen.extend_from_slice(&buf[..n]);
+                    if seen.ends_with(b"{}") {
+                        break;
+                    }
+                }
+                socket
+                    .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+                    .await
+                    .unwrap();
+                // Closes the connection after answering, as a server's idle timeout does.
+                drop(socket);
+                if let Some(tx) = closed_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        let config: DispatcherConfig =
+            toml::from_str(&format!("url = \"http://{addr}/runs\"")).unwrap();
+        let d = HttpDispatcher::try_new(&config).unwrap();
+        let first = d.dispatch(b"{}".to_vec(), "kafka:g:t:0:1", None).await;
+        assert!(
+            matches!(first, DispatchOutcome::Accepted { .. }),
+            "{first:?}"
+        );
+        closed_rx.await.unwrap();
+        let second = d.dispatch(b"{}".to_vec(), "kafka:g:t:0:2", None).await;
+        assert!(
+            matches!(second, DispatchOutcome::Accepted { .. }),
+            "{second:?}"
+        );
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_does_not_come_times_out_and_the_connection_is_not_reused() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let server = tokio::spawn({
+            let accepted = std::sync::Arc::clone(&accepted);
+            async move {
+                // Holds every connection open without answering.
+                let mut held = Vec::new();
+                while let Ok((socket, _)) = listener.accept().await {
+                    held.push(socket);
+                    accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        });
+        let config: DispatcherConfig =
+            toml::from_str(&format!("url = \"http://{addr}/runs\"\ntimeout_ms = 200")).unwrap();
+        let d = HttpDispatcher::try_new(&config).unwrap();
+        for _ in 0..2 {
+            match d.dispatch(b"{}".to_vec(), "kafka:g:t:0:1", None).await {
+                DispatchOutcome::Retryable { reason, .. } => {
+                    assert_eq!(reason, "request timed out");
+                }
+                other => panic!("expected a timeout, got {other:?}"),
+            }
+        }
+        // Each attempt opened a connection of its own.
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+        server.abort();
     }
 }
