@@ -96,12 +96,21 @@ impl ResolvedSchema {
 
     /// The subject for `topic` under TopicNameStrategy when registered, else the first.
     pub fn subject_for(&self, topic: &str, is_key: bool) -> Option<&SubjectVersion> {
-        let wanted = format!("{topic}-{}", if is_key { "key" } else { "value" });
+        // Runs per record: compared in place rather than by formatting `<topic>-<suffix>`.
+        let suffix = if is_key { "key" } else { "value" };
         self.subjects
             .iter()
-            .find(|s| s.subject == wanted)
+            .find(|s| is_topic_subject(&s.subject, topic, suffix))
             .or_else(|| self.subjects.first())
     }
+}
+
+/// Whether `subject` is `<topic>-<suffix>` (TopicNameStrategy).
+fn is_topic_subject(subject: &str, topic: &str, suffix: &str) -> bool {
+    subject
+        .strip_prefix(topic)
+        .and_then(|rest| rest.strip_prefix('-'))
+        == Some(suffix)
 }
 
 /// Why a schema could not be had.
@@ -776,6 +785,25 @@ impl protox::file::FileResolver for MapResolver {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn topic_name_strategy_subjects_are_matched_exactly() {
+        assert!(is_topic_subject("orders-value", "orders", "value"));
+        assert!(is_topic_subject("orders-key", "orders", "key"));
+        assert!(is_topic_subject("a-b-value", "a-b", "value"));
+        for (subject, topic) in [
+            ("orders-value", "order"),
+            ("ordersvalue", "orders"),
+            ("orders-values", "orders"),
+            ("orders-key", "orders-key"),
+            ("xorders-value", "orders"),
+        ] {
+            assert!(
+                !is_topic_subject(subject, topic, "value"),
+                "{subject} {topic}"
+            );
+        }
+    }
     use super::*;
 
     #[test]
