@@ -31,7 +31,8 @@ pub use secret::{
     is_secret_property, redact_text, redact_url, redacted_error_chain, Endpoint, Secret, REDACTED,
 };
 pub use trigger::{
-    is_pattern, DispatcherConfig, ErrorPolicy, Ordering, PayloadFormat, RetryConfig, TriggerConfig,
+    is_pattern, DispatcherConfig, Envelope, ErrorPolicy, ExpiredPolicy, Ordering, PayloadFormat,
+    RetryConfig, TriggerConfig,
 };
 
 /// Prefix of environment variables that override the file.

@@ -57,11 +57,27 @@ impl HttpDispatcher {
         idempotency_key: &str,
         traceparent: Option<&str>,
     ) -> DispatchOutcome {
+        self.dispatch_with(body, idempotency_key, traceparent, HeaderMap::new())
+            .await
+    }
+
+    /// [`HttpDispatcher::dispatch`] with request headers of its own (the envelope's: a
+    /// CloudEvent's `ce-*` and `Content-Type`), which take the place of the defaults.
+    pub async fn dispatch_with(
+        &self,
+        body: Vec<u8>,
+        idempotency_key: &str,
+        traceparent: Option<&str>,
+        headers: HeaderMap,
+    ) -> DispatchOutcome {
         let mut req = self
             .client
             .post(self.url.clone())
             .header("Idempotency-Key", idempotency_key)
             .body(body);
+        if !headers.is_empty() {
+            req = req.headers(headers);
+        }
         if let Some(tp) = traceparent {
             req = req.header("traceparent", tp);
         }
