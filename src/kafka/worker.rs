@@ -820,8 +820,8 @@ fn dead_letter_headers(
 /// `max_record_age_ms`: the step for a record older than that (skipped, or handed to the
 /// dead-letter path with stage `RECORD_AGE`); None when it may run.
 fn expired(trigger: &TriggerRuntime, msg: &OwnedMessage) -> Option<Step> {
-    let max = trigger.config.max_record_age_ms;
-    let age = record_age::expired(msg.timestamp().to_millis(), record_age::now_ms(), max)?;
+    let max = trigger.config.max_record_age_ms?;
+    let age = record_age::expired(msg.timestamp().to_millis(), record_age::now_ms(), Some(max))?;
     tracing::debug!(
         connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
         partition = msg.partition(), offset = msg.offset(), age_ms = age,
@@ -832,10 +832,7 @@ fn expired(trigger: &TriggerRuntime, msg: &OwnedMessage) -> Option<Step> {
         ExpiredPolicy::DeadLetter => Step::Fail(Failure {
             stage: record_age::STAGE,
             class: record_age::CLASS,
-            message: format!(
-                "record is {age} ms old, older than max_record_age_ms = {}",
-                max.unwrap_or_default()
-            ),
+            message: format!("record is {age} ms old, older than max_record_age_ms = {max}"),
             status: None,
             schema_id: None,
         }),
