@@ -295,4 +295,51 @@ mod tests {
         assert_eq!(headers["ce-subject"], "line%0Abreak");
         assert_eq!(headers[CONTENT_TYPE], "application/json");
     }
+
+    /// On the wire, the envelope's `Content-Type` replaces the client's default
+    /// (`application/json`) instead of joining it.
+    #[tokio::test]
+    async fn the_envelope_content_type_replaces_the_default_on_the_wire() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/events", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !request.ends_with(b"h\xc3\xa9llo") {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "{}", String::from_utf8_lossy(&request));
+                request.extend_from_slice(&buf[..n]);
+            }
+            conn.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .unwrap();
+            String::from_utf8(request).unwrap().to_ascii_lowercase()
+        });
+        let config: DispatcherConfig =
+            toml::from_str(&format!("url = \"{url}\"\nenvelope = \"cloudevents\"")).unwrap();
+        let dispatcher = crate::dispatch::HttpDispatcher::try_new(&config).unwrap();
+        let key = json!("k");
+        let text = decoded("string", json!("héllo"));
+        let (body, headers) = ce().render(&record(&key, &text, None));
+        let outcome = dispatcher
+            .dispatch_with(body, "kafka:g:orders:2:17", None, headers)
+            .await;
+        assert_eq!(outcome.label(), "accepted");
+        let request = server.await.unwrap();
+        assert_eq!(request.matches("content-type:").count(), 1, "{request}");
+        assert!(
+            request.contains("content-type: text/plain; charset=utf-8\r\n"),
+            "{request}"
+        );
+        assert!(
+            request.contains("ce-id: kafka:g:orders:2:17\r\n"),
+            "{request}"
+        );
+        assert!(
+            request.contains("idempotency-key: kafka:g:orders:2:17\r\n"),
+            "{request}"
+        );
+    }
 }
