@@ -588,6 +588,15 @@ mod tests {
             m("size(value.tags) == 2 && size(value) == 6"),
             Verdict::Match
         );
+        // Avro decimals and Protobuf 64-bit integers are strings in the event: converted.
+        let typed = json!({"price": "1234.50", "weight": "9007199254740993"});
+        assert_eq!(
+            eval(
+                "double(value.price) > 1000.0 && int(value.weight) > 9007199254740992",
+                typed
+            ),
+            Verdict::Match
+        );
         // Comparisons mix int and double; arithmetic does not (see the evaluation errors).
         assert_eq!(
             m("value.count > 2.5 && value.amount > 1000 && value.count == 3.0"),
