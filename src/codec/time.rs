@@ -40,6 +40,8 @@ pub(crate) fn time_of_day(nanos: i64, digits: u32) -> String {
 
 /// RFC 3339 timestamp from a count of `unit`s (1_000 for millis, 1_000_000 for micros,
 /// 1_000_000_000 for nanos) since the epoch; `utc` appends `Z` (local timestamps have none).
+/// Written digit by digit into one string: it runs for every event (the record's timestamp)
+/// and for every timestamp field of a decoded value.
 pub(crate) fn timestamp(count: i64, per_second: i64, utc: bool) -> String {
     let secs = count.div_euclid(per_second);
     let sub = count.rem_euclid(per_second);
@@ -51,12 +53,48 @@ pub(crate) fn timestamp(count: i64, per_second: i64, utc: bool) -> String {
         1_000_000 => 6,
         _ => 9,
     };
+    let (y, m, d) = civil_from_days(days);
+    if !(0..=9999).contains(&y) {
+        return timestamp_by_format(days, day_nanos, digits, utc);
+    }
+    let day_secs = day_nanos / 1_000_000_000;
+    let frac = (day_nanos % 1_000_000_000) / 10_i64.pow(9 - digits);
+    let mut out = String::with_capacity(31);
+    push_digits(&mut out, y, 4);
+    out.push('-');
+    push_digits(&mut out, i64::from(m), 2);
+    out.push('-');
+    push_digits(&mut out, i64::from(d), 2);
+    out.push('T');
+    push_digits(&mut out, day_secs / 3600, 2);
+    out.push(':');
+    push_digits(&mut out, (day_secs / 60) % 60, 2);
+    out.push(':');
+    push_digits(&mut out, day_secs % 60, 2);
+    out.push('.');
+    push_digits(&mut out, frac, digits);
+    if utc {
+        out.push('Z');
+    }
+    out
+}
+
+/// The general form (any year, as `format!` writes it).
+fn timestamp_by_format(days: i64, day_nanos: i64, digits: u32, utc: bool) -> String {
     format!(
         "{}T{}{}",
         date(days),
         time_of_day(day_nanos, digits),
         if utc { "Z" } else { "" }
     )
+}
+
+/// Appends `value` (non-negative, fewer than `width` + 1 digits) zero-padded to `width`.
+fn push_digits(out: &mut String, value: i64, width: u32) {
+    for i in (0..width).rev() {
+        let digit = (value / 10_i64.pow(i)) % 10;
+        out.push(char::from(b'0' + digit as u8));
+    }
 }
 
 /// (year, month, day) to days since 1970-01-01, proleptic Gregorian (Hinnant's algorithm).
@@ -163,6 +201,29 @@ mod tests {
             "1970-01-01T00:00:01.500000"
         );
         assert_eq!(time_of_day(3_723_004_000_000, 3), "01:02:03.004");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_digit_by_digit_timestamp_is_the_formatted_one(
+            // Years -1 to 10000: both sides of the digit-by-digit range.
+            secs in -62_198_755_200i64..253_433_923_200,
+            sub in 0i64..1_000_000_000,
+            unit in 0usize..3,
+            utc in proptest::prelude::any::<bool>(),
+        ) {
+            let per_second = [1_000, 1_000_000, 1_000_000_000][unit];
+            let digits = [3, 6, 9][unit];
+            // Nanoseconds in an i64 reach only the years 1677 to 2262.
+            let secs = if unit == 2 { secs % 9_000_000_000 } else { secs };
+            let count = secs * per_second + sub % per_second;
+            let day_nanos = secs.rem_euclid(86_400) * 1_000_000_000
+                + count.rem_euclid(per_second) * (1_000_000_000 / per_second);
+            proptest::prop_assert_eq!(
+                timestamp(count, per_second, utc),
+                timestamp_by_format(secs.div_euclid(86_400), day_nanos, digits, utc)
+            );
+        }
     }
 
     #[test]

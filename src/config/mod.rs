@@ -30,6 +30,7 @@ pub use produce::{topic_matches, ProduceConfig, ProducerConfig, TokenGrant};
 pub use secret::{
     is_secret_property, redact_text, redact_url, redacted_error_chain, Endpoint, Secret, REDACTED,
 };
+pub(crate) use trigger::is_secret_header;
 pub use trigger::{
     is_pattern, DispatcherConfig, Envelope, ErrorPolicy, ExpiredPolicy, Ordering, PayloadFormat,
     RetryConfig, TriggerConfig,

@@ -125,7 +125,7 @@ fn default_cloudevents_type() -> String {
 }
 
 /// Whether a request header carries a credential.
-fn is_secret_header(name: &str) -> bool {
+pub(crate) fn is_secret_header(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
     n == "cookie"
         || ["auth", "token", "key", "secret", "password"]

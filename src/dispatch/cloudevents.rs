@@ -20,8 +20,8 @@
 //! outside printable ASCII, space, `"` and `%`). Structured batch mode
 //! (`application/cloudevents-batch+json`) belongs to batch triggers.
 
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use rdkafka::message::{Message, OwnedMessage};
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use serde_json::Value as Json;
 
 use super::event::{self, EventHeader, EventSource};

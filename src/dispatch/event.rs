@@ -192,7 +192,19 @@ pub fn render(
         value: &value.value,
         value_schema: &value.schema,
     };
-    serde_json::to_vec(&event).unwrap_or_else(|_| b"{}".to_vec())
+    // Sized for the usual event (envelope, headers, the decoded value as JSON) so that the
+    // body is written without growing.
+    let estimate = 512
+        + 2 * (msg.payload().map_or(0, <[u8]>::len) + msg.key().map_or(0, <[u8]>::len))
+        + headers
+            .iter()
+            .map(|h| 32 + h.name.len() + h.value.as_ref().map_or(0, String::len))
+            .sum::<usize>();
+    let mut body = Vec::with_capacity(estimate);
+    match serde_json::to_writer(&mut body, &event) {
+        Ok(()) => body,
+        Err(_) => b"{}".to_vec(),
+    }
 }
 
 #[cfg(test)]
