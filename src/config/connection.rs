@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::registry_paste::PastedRegistry;
 use super::secret::Secret;
 use super::security::{self, AwsIamConfig, KafkaAuth};
-use super::trigger::{ErrorPolicy, TriggerConfig};
+use super::trigger::TriggerConfig;
 use super::ConfigError;
 
 /// One Kafka connection: a consumer in a group over the union of its triggers' topics.
@@ -231,9 +231,7 @@ impl ConnectionConfig {
 
     /// Whether any trigger dead-letters (the connection then runs an idempotent producer).
     pub fn dead_letters(&self) -> bool {
-        self.triggers
-            .values()
-            .any(|t| t.on_error == ErrorPolicy::DeadLetter)
+        self.triggers.values().any(TriggerConfig::dead_letters)
     }
 
     /// The drain on revoke and shutdown must fit the group's timeouts. The revoke callback

@@ -318,11 +318,11 @@ max_attempts = 3
     )
     .replace(
         "workflow = \"fraud-check\"",
-        "workflow = \"fraud-check\"\ndead_letter_topic = \"dlq\"\non_error = \"dead_letter\"",
+        "workflow = \"fraud-check\"\ndead_letter_topic = \"dlq\"\non_error = \"dead_letter\"\nfilter = 'value.n > 1'\nmax_record_age_ms = 60000\non_expired = \"dead_letter\"",
     )
     .replace(
         "dispatcher = { url = \"http://127.0.0.1:8080/runs\" }",
-        "dispatcher = { url = \"http://127.0.0.1:8080/runs\", token = \"t\", headers = { \"X\" = \"y\" } }",
+        "dispatcher = { url = \"http://127.0.0.1:8080/runs\", token = \"t\", headers = { \"X\" = \"y\" }, envelope = \"cloudevents\" }",
     );
     let config = load(&full).unwrap();
     let value = toml::Value::try_from(&config).unwrap();
@@ -471,4 +471,60 @@ fn topic_patterns_are_checked_and_resolve_after_named_topics() {
     );
     let err = load(&loop_).unwrap_err().to_string();
     assert!(err.contains("dead_letter_topic"), "{err}");
+}
+
+#[test]
+fn a_bad_filter_is_refused_with_the_trigger_and_the_position() {
+    let text = MINIMAL.replace(
+        "workflow = \"fraud-check\"",
+        "workflow = \"fraud-check\"\nfilter = 'value.amount > 1000.0 &&& headers.source == \"x\"'",
+    );
+    let err = load(&text).unwrap_err().to_string();
+    assert!(
+        err.contains("connections.orders.triggers.fraud.filter"),
+        "{err}"
+    );
+    assert!(err.contains("line 1, column 25"), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+    let text = MINIMAL.replace(
+        "workflow = \"fraud-check\"",
+        "workflow = \"fraud-check\"\nfilter = 'amount > 3'",
+    );
+    let err = load(&text).unwrap_err().to_string();
+    assert!(err.contains("unknown variable `amount`"), "{err}");
+    let text = MINIMAL.replace(
+        "workflow = \"fraud-check\"",
+        "workflow = \"fraud-check\"\nfilter = 'value.amount > 1000.0'",
+    );
+    let c = load(&text).unwrap();
+    let filter = c.connections["orders"].triggers["fraud"].filter.as_ref();
+    assert_eq!(filter.map(|f| f.source()), Some("value.amount > 1000.0"));
+}
+
+#[test]
+fn record_age_and_envelope_defaults_and_rules() {
+    let c = load(MINIMAL).unwrap();
+    let t = &c.connections["orders"].triggers["fraud"];
+    assert_eq!(t.max_record_age_ms, None);
+    assert_eq!(t.on_expired, ExpiredPolicy::Skip);
+    assert_eq!(t.dispatcher.envelope, Envelope::Tessel);
+    assert_eq!(t.dispatcher.cloudevents_type, "dev.tessel.kafka.record");
+    assert!(!t.dead_letters());
+    let text = MINIMAL.replace(
+        "workflow = \"fraud-check\"",
+        "workflow = \"fraud-check\"\nmax_record_age_ms = 60000\non_expired = \"dead_letter\"",
+    );
+    let err = load(&text).unwrap_err().to_string();
+    assert!(
+        err.contains("connections.orders.triggers.fraud.dead_letter_topic"),
+        "{err}"
+    );
+    let text = text.replace(
+        "on_expired = \"dead_letter\"",
+        "on_expired = \"dead_letter\"\ndead_letter_topic = \"late\"",
+    );
+    let c = load(&text).unwrap();
+    // on_error stays block: the producer still starts for expired records.
+    assert!(c.connections["orders"].triggers["fraud"].dead_letters());
+    assert!(c.connections["orders"].dead_letters());
 }

@@ -46,6 +46,34 @@ pub struct TriggerConfig {
     /// Backoff between attempts of one message.
     #[serde(default)]
     pub retry: RetryConfig,
+    /// A CEL expression on the decoded record (`key`, `value`, `headers`, `topic`,
+    /// `partition`, `offset`, `timestamp`); only records for which it is true start runs. The
+    /// others are handled without a run and committed (`outcome="filtered"`); a record it
+    /// cannot be evaluated on (a missing field, a wrong type) counts as not matching
+    /// (`outcome="filter_error"`). Compiled when the configuration is loaded. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<crate::kafka::filter::Filter>,
+    /// Records older than this (by their Kafka timestamp, against the clock, checked before
+    /// every attempt) start no run: `on_expired` applies. Records without a timestamp never
+    /// expire. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_record_age_ms: Option<u64>,
+    /// What happens to a record older than `max_record_age_ms`: `skip` (default: counted,
+    /// committed) or `dead_letter` (written to `dead_letter_topic` with its age in
+    /// `tessel.record.age.ms`).
+    #[serde(default)]
+    pub on_expired: ExpiredPolicy,
+}
+
+/// What to do with a record older than `max_record_age_ms`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpiredPolicy {
+    /// Count it and treat it as handled.
+    #[default]
+    Skip,
+    /// Write it to the dead-letter topic, then treat it as handled.
+    DeadLetter,
 }
 
 /// The run dispatcher endpoint of a trigger. Debug and Serialize redact the token and the
@@ -70,6 +98,30 @@ pub struct DispatcherConfig {
     /// Timeout of one dispatch request. Default 30000.
     #[serde(default = "default_dispatch_timeout_ms")]
     pub timeout_ms: u64,
+    /// What a request carries: `tessel` (default: the event of docs/event.md as JSON) or
+    /// `cloudevents` (CloudEvents 1.0, HTTP binary mode: the decoded value as the body, the
+    /// record's attributes in `ce-*` headers).
+    #[serde(default)]
+    pub envelope: Envelope,
+    /// The CloudEvents `type` with `envelope = "cloudevents"`. Default
+    /// `dev.tessel.kafka.record`.
+    #[serde(default = "default_cloudevents_type")]
+    pub cloudevents_type: String,
+}
+
+/// The shape of a dispatch request.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Envelope {
+    /// The connector's own event (docs/event.md).
+    #[default]
+    Tessel,
+    /// CloudEvents 1.0, HTTP binary content mode.
+    Cloudevents,
+}
+
+fn default_cloudevents_type() -> String {
+    "dev.tessel.kafka.record".to_owned()
 }
 
 /// Whether a request header carries a credential.
@@ -109,6 +161,8 @@ impl std::fmt::Debug for DispatcherConfig {
             .field("token", &self.token)
             .field("headers", &redacted_headers(&self.headers))
             .field("timeout_ms", &self.timeout_ms)
+            .field("envelope", &self.envelope)
+            .field("cloudevents_type", &self.cloudevents_type)
             .finish()
     }
 }
@@ -260,6 +314,25 @@ impl TriggerConfig {
             }
             _ => {}
         }
+        if self.on_expired == ExpiredPolicy::DeadLetter && self.dead_letter_topic.is_none() {
+            return Err(ConfigError::invalid(
+                format!("{key}.dead_letter_topic"),
+                "is required with on_expired = \"dead_letter\"",
+            ));
+        }
+        if self.max_record_age_ms == Some(0) {
+            return Err(ConfigError::invalid(
+                format!("{key}.max_record_age_ms"),
+                "must be at least 1 (leave it out for no limit)",
+            ));
+        }
+        let ce_type = &self.dispatcher.cloudevents_type;
+        if ce_type.is_empty() || ce_type.chars().any(|c| c.is_control() || !c.is_ascii()) {
+            return Err(ConfigError::invalid(
+                format!("{key}.dispatcher.cloudevents_type"),
+                "must be non-empty printable ASCII (it is sent as the ce-type header)",
+            ));
+        }
         if !matches!(self.dispatcher.url.scheme(), "http" | "https") {
             return Err(ConfigError::invalid(
                 format!("{key}.dispatcher.url"),
@@ -285,6 +358,12 @@ impl TriggerConfig {
             .iter()
             .filter(|t| is_pattern(t))
             .any(|t| regex::Regex::new(t).is_ok_and(|r| r.is_match(topic)))
+    }
+
+    /// Whether the trigger writes records to its dead-letter topic (`on_error` or
+    /// `on_expired` is `dead_letter`).
+    pub fn dead_letters(&self) -> bool {
+        self.on_error == ErrorPolicy::DeadLetter || self.on_expired == ExpiredPolicy::DeadLetter
     }
 
     pub(super) fn needs_registry(&self) -> bool {

@@ -124,12 +124,28 @@ impl HttpDispatcher {
         idempotency_key: &str,
         traceparent: Option<&str>,
     ) -> DispatchOutcome {
+        self.dispatch_with(body, idempotency_key, traceparent, HeaderMap::new())
+            .await
+    }
+
+    /// [`HttpDispatcher::dispatch`] with request headers of its own (the envelope's: a
+    /// CloudEvent's `ce-*` and `Content-Type`), which take the place of the defaults.
+    pub async fn dispatch_with(
+        &self,
+        body: Vec<u8>,
+        idempotency_key: &str,
+        traceparent: Option<&str>,
+        envelope: HeaderMap,
+    ) -> DispatchOutcome {
         let mut request = Request::new(Full::new(Bytes::from(body)));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.uri.clone();
         let headers = request.headers_mut();
-        headers.reserve(self.headers.len() + 2);
+        headers.reserve(self.headers.len() + envelope.len() + 2);
         for (name, value) in &self.headers {
+            let _ = headers.insert(name, value.clone());
+        }
+        for (name, value) in &envelope {
             let _ = headers.insert(name, value.clone());
         }
         match HeaderValue::from_str(idempotency_key) {

@@ -187,7 +187,7 @@ impl SharedClients {
         let dead_letters = config
             .triggers
             .values()
-            .any(|t| t.on_error == crate::config::ErrorPolicy::DeadLetter);
+            .any(crate::config::TriggerConfig::dead_letters);
         let producer = if dead_letters || produces {
             Some(
                 crate::produce::producer::IdempotentProducer::try_new(name, config).map_err(
@@ -247,6 +247,13 @@ impl ConnectionSupervisor {
                 last_failure: std::sync::Mutex::new(None),
                 missing_permission: std::sync::Mutex::new(None),
                 metrics: std::sync::OnceLock::new(),
+                cloudevents: crate::dispatch::cloudevents::CloudEvents::for_dispatcher(
+                    &t.dispatcher,
+                    config
+                        .kafka
+                        .get("bootstrap.servers")
+                        .map_or("", String::as_str),
+                ),
             });
             let slot = TriggerSlot {
                 index: triggers.len(),
@@ -551,10 +558,7 @@ impl ConnectionSupervisor {
 
     fn on_completion(&mut self, c: Completion) {
         self.in_flight_gauge().decrement(1.0);
-        let handled = matches!(
-            c.outcome,
-            WorkOutcome::Accepted | WorkOutcome::Skipped | WorkOutcome::DeadLettered
-        );
+        let handled = c.outcome.is_handled();
         c.span.record("tessel.outcome", c.outcome.label());
         if self
             .partitions

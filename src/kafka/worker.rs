@@ -30,12 +30,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::codec::{DecodeError, Decoded, Decoder, Disposition, Field};
-use crate::config::{ErrorPolicy, TriggerConfig};
+use crate::config::{ErrorPolicy, ExpiredPolicy, TriggerConfig};
 use crate::dispatch::event::{self, EventSource};
 use crate::dispatch::retry::Backoff;
 use crate::dispatch::{DispatchOutcome, HttpDispatcher};
 use crate::produce::producer::{ExtraHeader, IdempotentProducer};
 use crate::telemetry::metrics;
+
+use super::record_age;
 
 /// How long a trigger stopped by a configuration error waits between attempts.
 const STOPPED_RETRY: Duration = Duration::from_secs(30);
@@ -74,6 +76,8 @@ pub struct TriggerRuntime {
     pub missing_permission: Mutex<Option<(Instant, String)>>,
     /// See [`TriggerRuntime::metrics`].
     pub metrics: std::sync::OnceLock<metrics::TriggerMetrics>,
+    /// With `envelope = "cloudevents"`: how records become CloudEvents.
+    pub cloudevents: Option<crate::dispatch::cloudevents::CloudEvents>,
 }
 
 impl TriggerRuntime {
@@ -163,6 +167,15 @@ pub enum WorkOutcome {
     DeadLettered,
     /// Its partition was revoked or the daemon is stopping before it was handled.
     Abandoned,
+    /// The trigger's filter is false for it: handled without a run.
+    Filtered,
+    /// The trigger's filter could not be evaluated on it (a missing field, a wrong type):
+    /// not a match, handled without a run.
+    FilterError,
+    /// Older than `max_record_age_ms`, skipped (`on_expired = "skip"`).
+    Expired,
+    /// Older than `max_record_age_ms`, written to the dead-letter topic.
+    ExpiredDeadLettered,
 }
 
 impl WorkOutcome {
@@ -173,7 +186,16 @@ impl WorkOutcome {
             Self::Skipped => "skipped",
             Self::DeadLettered => "dead_lettered",
             Self::Abandoned => "abandoned",
+            Self::Filtered => "filtered",
+            Self::FilterError => "filter_error",
+            Self::Expired => "expired",
+            Self::ExpiredDeadLettered => "expired_dead_lettered",
         }
+    }
+
+    /// Whether the record is handled (its offset may be committed): all but `Abandoned`.
+    pub fn is_handled(self) -> bool {
+        self != Self::Abandoned
     }
 }
 
@@ -470,6 +492,9 @@ async fn attempt_once(
     if headers.iter().any(|h| h.name == "tessel-test-panic") {
         panic!("test hook: the record carries a tessel-test-panic header");
     }
+    if let Some(step) = expired(trigger, msg) {
+        return step;
+    }
     let traced = crate::telemetry::trace::exporting();
     let decoded = if traced {
         let decoding = tracing::info_span!(target: crate::telemetry::trace::TARGET, "decode");
@@ -484,12 +509,23 @@ async fn attempt_once(
         }
         Err((field, e)) => return on_decode_error(trigger, msg, field, &e, attempts),
     };
+    if let Some(outcome) = super::filter::screen(trigger, msg, headers, &key, &value) {
+        return Step::Done(outcome);
+    }
     let source = EventSource {
         connection: &trigger.connection,
         trigger: &trigger.name,
         workflow: &trigger.config.workflow,
     };
-    let body = event::render(source, id, msg, headers, &key, &value);
+    let (body, envelope) = crate::dispatch::cloudevents::request(
+        trigger.cloudevents.as_ref(),
+        source,
+        id,
+        msg,
+        headers,
+        &key,
+        &value,
+    );
     let started = std::time::Instant::now();
     let outcome = if traced {
         let dispatching = tracing::info_span!(
@@ -504,10 +540,11 @@ async fn attempt_once(
         let traceparent = crate::telemetry::trace::traceparent_of(&dispatching);
         let outcome = trigger
             .dispatcher
-            .dispatch(
+            .dispatch_with(
                 body,
                 id,
                 traceparent.as_deref().or(event::traceparent(headers)),
+                envelope,
             )
             .instrument(dispatching.clone())
             .await;
@@ -517,7 +554,7 @@ async fn attempt_once(
         // Otherwise the message's own trace, if it carries one.
         trigger
             .dispatcher
-            .dispatch(body, id, event::traceparent(headers))
+            .dispatch_with(body, id, event::traceparent(headers), envelope)
             .await
     };
     trigger
@@ -665,7 +702,14 @@ async fn apply_error_policy(
     attempts: &Attempts,
     failure: &Failure,
 ) -> Option<WorkOutcome> {
-    match trigger.config.on_error {
+    // An expired record reaches here only with on_expired = "dead_letter".
+    let expired = failure.stage == record_age::STAGE;
+    let policy = if expired {
+        ErrorPolicy::DeadLetter
+    } else {
+        trigger.config.on_error
+    };
+    match policy {
         ErrorPolicy::Block => None,
         ErrorPolicy::Skip => {
             tracing::warn!(
@@ -690,7 +734,11 @@ async fn apply_error_policy(
                         dead_letter_topic = %topic, dead_letter_partition = partition,
                         dead_letter_offset = offset, error = %failure.message, "message dead-lettered"
                     );
-                    Some(WorkOutcome::DeadLettered)
+                    Some(if expired {
+                        WorkOutcome::ExpiredDeadLettered
+                    } else {
+                        WorkOutcome::DeadLettered
+                    })
                 }
                 Err(e) => {
                     let fatal = producer.fatal_error();
@@ -762,7 +810,33 @@ fn dead_letter_headers(
     if let Some(sid) = failure.schema_id {
         h.push(("tessel.schema.id".into(), sid.to_string()));
     }
+    if failure.stage == record_age::STAGE {
+        let age = record_age::age_ms(msg.timestamp().to_millis(), record_age::now_ms());
+        h.push((record_age::AGE_HEADER.into(), age.unwrap_or(0).to_string()));
+    }
     h
+}
+
+/// `max_record_age_ms`: the step for a record older than that (skipped, or handed to the
+/// dead-letter path with stage `RECORD_AGE`); None when it may run.
+fn expired(trigger: &TriggerRuntime, msg: &OwnedMessage) -> Option<Step> {
+    let max = trigger.config.max_record_age_ms?;
+    let age = record_age::expired(msg.timestamp().to_millis(), record_age::now_ms(), Some(max))?;
+    tracing::debug!(
+        connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+        partition = msg.partition(), offset = msg.offset(), age_ms = age,
+        "record older than max_record_age_ms; no run"
+    );
+    Some(match trigger.config.on_expired {
+        ExpiredPolicy::Skip => Step::Done(WorkOutcome::Expired),
+        ExpiredPolicy::DeadLetter => Step::Fail(Failure {
+            stage: record_age::STAGE,
+            class: record_age::CLASS,
+            message: format!("record is {age} ms old, older than max_record_age_ms = {max}"),
+            status: None,
+            schema_id: None,
+        }),
+    })
 }
 
 /// One line, bounded, with credentials in URLs (user info, secret query values) removed.

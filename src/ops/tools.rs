@@ -323,6 +323,12 @@ pub async fn dlq_replay(
     };
     let decoder = Decoder::new(registry);
     let dispatcher = HttpDispatcher::try_new(&trigger.dispatcher).map_err(anyhow::Error::msg)?;
+    let cloudevents = crate::dispatch::cloudevents::CloudEvents::for_dispatcher(
+        &trigger.dispatcher,
+        conn.kafka
+            .get("bootstrap.servers")
+            .map_or("", String::as_str),
+    );
     let consumer = admin_consumer(conn)?;
     let (_, high) = consumer.fetch_watermarks(dlq, partition, TIMEOUT)?;
     let end = to.map_or(high, |t| t.min(high));
@@ -389,9 +395,18 @@ pub async fn dlq_replay(
                     trigger: trigger_name,
                     workflow: &trigger.workflow,
                 };
-                let body = event::render(source, &id, &original, &headers, &k, &v);
+                // The trigger's envelope, as the daemon would send it.
+                let (body, envelope) = crate::dispatch::cloudevents::request(
+                    cloudevents.as_ref(),
+                    source,
+                    &id,
+                    &original,
+                    &headers,
+                    &k,
+                    &v,
+                );
                 match dispatcher
-                    .dispatch(body, &id, event::traceparent(&headers))
+                    .dispatch_with(body, &id, event::traceparent(&headers), envelope)
                     .await
                 {
                     DispatchOutcome::Accepted { .. } => "accepted",

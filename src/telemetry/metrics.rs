@@ -19,7 +19,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 pub const MESSAGES_CONSUMED: &str = "tessel_kafka_messages_consumed_total";
 /// Dispatch attempts by outcome.
 pub const DISPATCH_ATTEMPTS: &str = "tessel_kafka_dispatch_attempts_total";
-/// Messages handled (accepted or skipped) by outcome.
+/// Messages handled by outcome (accepted, skipped, dead_lettered, filtered, filter_error,
+/// expired, expired_dead_lettered).
 pub const MESSAGES_HANDLED: &str = "tessel_kafka_messages_handled_total";
 /// Decode failures by class.
 pub const DECODE_ERRORS: &str = "tessel_kafka_decode_errors_total";
@@ -79,7 +80,7 @@ pub enum Kind {
 pub const INVENTORY: &[(&str, Kind, &str)] = &[
     (MESSAGES_CONSUMED, Kind::Counter, "Messages received from Kafka, by connection and topic."),
     (DISPATCH_ATTEMPTS, Kind::Counter, "Requests to the run dispatcher, by trigger and outcome (accepted, retryable, rejected, ...)."),
-    (MESSAGES_HANDLED, Kind::Counter, "Messages finished, by trigger and outcome (accepted, skipped, dead_lettered, ...)."),
+    (MESSAGES_HANDLED, Kind::Counter, "Messages finished, by trigger and outcome (accepted, skipped, dead_lettered; filtered and filter_error for records a filter refused or could not be evaluated on; expired and expired_dead_lettered for records past max_record_age_ms)."),
     (DECODE_ERRORS, Kind::Counter, "Keys or values that failed to decode, by trigger and class."),
     (DISPATCH_SECONDS, Kind::Histogram, "Duration of one request to the run dispatcher, in seconds."),
     (RUNS_IN_FLIGHT, Kind::Gauge, "Dispatches in flight, by connection."),

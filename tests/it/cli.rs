@@ -234,3 +234,44 @@ fn an_admin_address_in_use_stops_the_daemon_with_an_error() {
     );
     assert!(took < Duration::from_secs(10), "took {took:?}");
 }
+
+#[test]
+fn a_bad_filter_fails_config_check_with_the_trigger_and_the_position() {
+    let text = GOOD.replace(
+        "workflow = \"w\"",
+        "workflow = \"w\"\nfilter = 'value.amount > 1000.0 && headers.source = \"checkout\"'",
+    );
+    let path = temp_config(&text);
+    let out = Command::new(binary())
+        .args(["config", "check", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "config check passed: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {stderr}");
+    // `=` is not a CEL operator: the error points at it (column 41 of the expression).
+    assert!(
+        lines[0].contains("connections.orders.triggers.t.filter")
+            && lines[0].contains("line 1, column 41"),
+        "{stderr}"
+    );
+    // A good one passes and is printed back as written.
+    let good = GOOD.replace(
+        "workflow = \"w\"",
+        "workflow = \"w\"\nfilter = 'value.amount > 1000.0 && headers.source == \"checkout\"'",
+    );
+    let out = Command::new(binary())
+        .args(["config", "check", "--config"])
+        .arg(temp_config(&good))
+        .output()
+        .expect("run binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(r#"value.amount > 1000.0 && headers.source == \"checkout\""#)
+            || stdout.contains(r#"'value.amount > 1000.0 && headers.source == "checkout"'"#),
+        "{stdout}"
+    );
+}

@@ -17,6 +17,7 @@ mod security;
 mod smoke;
 mod tools;
 mod transactions;
+mod triggers;
 
 use std::process::Stdio;
 use std::time::Duration;
