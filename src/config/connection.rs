@@ -385,6 +385,20 @@ impl ConnectionConfig {
                 "must be at least 1",
             ));
         }
+        for (tname, t) in &self.triggers {
+            if let Some(b) = t
+                .batch
+                .filter(|b| b.max_records > self.max_buffered_per_partition)
+            {
+                return Err(ConfigError::invalid(
+                    key(&format!("triggers.{tname}.batch.max_records")),
+                    format!(
+                        "{} is above max_buffered_per_partition ({}): the partition would pause before a batch fills",
+                        b.max_records, self.max_buffered_per_partition
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -32,8 +32,8 @@ pub use secret::{
 };
 pub(crate) use trigger::is_secret_header;
 pub use trigger::{
-    is_pattern, DispatcherConfig, Envelope, ErrorPolicy, ExpiredPolicy, Ordering, PayloadFormat,
-    RetryConfig, TriggerConfig,
+    is_pattern, BatchConfig, DispatcherConfig, Envelope, ErrorPolicy, ExpiredPolicy, Ordering,
+    PayloadFormat, RetryConfig, TriggerConfig,
 };
 
 /// Prefix of environment variables that override the file.

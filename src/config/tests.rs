@@ -318,7 +318,7 @@ max_attempts = 3
     )
     .replace(
         "workflow = \"fraud-check\"",
-        "workflow = \"fraud-check\"\ndead_letter_topic = \"dlq\"\non_error = \"dead_letter\"\nfilter = 'value.n > 1'\nmax_record_age_ms = 60000\non_expired = \"dead_letter\"",
+        "workflow = \"fraud-check\"\ndead_letter_topic = \"dlq\"\non_error = \"dead_letter\"\nfilter = 'value.n > 1'\nmax_record_age_ms = 60000\non_expired = \"dead_letter\"\nbatch = { max_records = 500, max_bytes = 1048576, max_wait_ms = 1000 }",
     )
     .replace(
         "dispatcher = { url = \"http://127.0.0.1:8080/runs\" }",
@@ -335,6 +335,7 @@ max_attempts = 3
         "max_attempts",
         "produce_topics",
         "key_location",
+        "max_wait_ms",
     ] {
         assert!(names.contains(expected), "{expected} not walked: {names:?}");
     }

@@ -63,6 +63,37 @@ pub struct TriggerConfig {
     /// `tessel.record.age.ms`).
     #[serde(default)]
     pub on_expired: ExpiredPolicy,
+    /// With a `batch` table, one request carries the events of one partition, in offset
+    /// order, instead of one request per record (see `docs/event.md`). Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchConfig>,
+}
+
+/// `batch = { max_records, max_bytes, max_wait_ms }`: when a partition's waiting records go
+/// out as one request.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BatchConfig {
+    /// Records per request at most. Default 500.
+    #[serde(default = "default_batch_records")]
+    pub max_records: usize,
+    /// Key and value bytes per request at most (a record larger than this goes alone).
+    /// Default 1 MiB.
+    #[serde(default = "default_batch_bytes")]
+    pub max_bytes: usize,
+    /// How long a batch waits for more records after its first one arrived. Default 1000.
+    #[serde(default = "default_batch_wait_ms")]
+    pub max_wait_ms: u64,
+}
+
+fn default_batch_records() -> usize {
+    500
+}
+fn default_batch_bytes() -> usize {
+    1 << 20
+}
+fn default_batch_wait_ms() -> u64 {
+    1000
 }
 
 /// What to do with a record older than `max_record_age_ms`.
@@ -325,6 +356,20 @@ impl TriggerConfig {
                 format!("{key}.max_record_age_ms"),
                 "must be at least 1 (leave it out for no limit)",
             ));
+        }
+        if let Some(b) = &self.batch {
+            if b.max_records == 0 || b.max_bytes == 0 {
+                return Err(ConfigError::invalid(
+                    format!("{key}.batch"),
+                    "max_records and max_bytes must be at least 1",
+                ));
+            }
+            if self.ordering == Ordering::Unordered {
+                return Err(ConfigError::invalid(
+                    format!("{key}.batch"),
+                    "a batch trigger sends each partition's records in offset order; ordering = \"unordered\" does not apply",
+                ));
+            }
         }
         let ce_type = &self.dispatcher.cloudevents_type;
         if ce_type.is_empty() || ce_type.chars().any(|c| c.is_control() || !c.is_ascii()) {

@@ -17,8 +17,9 @@
 //!
 //! `partitionkey` is the CloudEvents partitioning extension, which the Kafka protocol binding
 //! maps to the record key. Values are percent-encoded as the HTTP binding asks (anything
-//! outside printable ASCII, space, `"` and `%`). Structured batch mode
-//! (`application/cloudevents-batch+json`) belongs to batch triggers.
+//! outside printable ASCII, space, `"` and `%`). A batch trigger's batch goes
+//! in structured batch mode (`application/cloudevents-batch+json`): a JSON array of events
+//! with the same attributes as members ([`CloudEvents::structured`]).
 
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use rdkafka::message::{Message, OwnedMessage};
@@ -122,38 +123,110 @@ impl CloudEvents {
         &self,
         r: &CeRecord<'_>,
     ) -> (Vec<u8>, &'static str, Vec<(&'static str, String)>) {
+        let attributes = self
+            .attributes(r)
+            .into_iter()
+            .map(|(name, value)| (name, percent_encode(&value)))
+            .collect();
+        let (body, content_type) = data(r);
+        (body, content_type, attributes)
+    }
+
+    /// The context attributes of `r`, as `ce-<name>` and the value as is.
+    fn attributes(&self, r: &CeRecord<'_>) -> Vec<(&'static str, String)> {
         let mut attributes = vec![
             ("ce-specversion", SPEC_VERSION.to_owned()),
-            ("ce-id", percent_encode(r.id)),
-            (
-                "ce-source",
-                percent_encode(&format!("{}{}", self.source_prefix, r.topic)),
-            ),
-            ("ce-type", percent_encode(&self.event_type)),
+            ("ce-id", r.id.to_owned()),
+            ("ce-source", format!("{}{}", self.source_prefix, r.topic)),
+            ("ce-type", self.event_type.clone()),
         ];
         if let Some(key) = key_text(r.key) {
-            let key = percent_encode(&key);
             attributes.push(("ce-subject", key.clone()));
             attributes.push(("ce-partitionkey", key));
         }
         if let Some(ms) = r.timestamp_ms {
             attributes.push(("ce-time", crate::codec::rfc3339_millis(ms)));
         }
-        attributes.push(("ce-kafkatopic", percent_encode(r.topic)));
+        attributes.push(("ce-kafkatopic", r.topic.to_owned()));
         attributes.push(("ce-kafkapartition", r.partition.to_string()));
         attributes.push(("ce-kafkaoffset", r.offset.to_string()));
-        let (body, content_type) = match (r.value.schema.format, &r.value.value) {
-            ("string", Json::String(s)) => (s.as_bytes().to_vec(), "text/plain; charset=utf-8"),
-            ("bytes", _) => (
-                r.payload.unwrap_or_default().to_vec(),
-                "application/octet-stream",
-            ),
-            (_, v) => (
-                serde_json::to_vec(v).unwrap_or_else(|_| b"null".to_vec()),
-                "application/json",
-            ),
-        };
-        (body, content_type, attributes)
+        attributes
+    }
+
+    /// `r` as a structured-mode CloudEvent (a JSON object): the attributes of
+    /// [`CloudEvents::binary_mode`] as members, `datacontenttype`, and the value in `data`
+    /// (JSON or text) or `data_base64` (`bytes`). Pure.
+    pub fn structured(&self, r: &CeRecord<'_>) -> Json {
+        let mut event = serde_json::Map::new();
+        for (name, value) in self.attributes(r) {
+            let _ = event.insert(name["ce-".len()..].to_owned(), Json::String(value));
+        }
+        match (r.value.schema.format, &r.value.value) {
+            ("string", Json::String(s)) => {
+                let _ = event.insert("datacontenttype".into(), "text/plain; charset=utf-8".into());
+                let _ = event.insert("data".into(), Json::String(s.clone()));
+            }
+            ("bytes", _) => {
+                use base64::Engine as _;
+                let _ = event.insert("datacontenttype".into(), "application/octet-stream".into());
+                let _ = event.insert(
+                    "data_base64".into(),
+                    base64::engine::general_purpose::STANDARD
+                        .encode(r.payload.unwrap_or_default())
+                        .into(),
+                );
+            }
+            (_, v) => {
+                let _ = event.insert("datacontenttype".into(), "application/json".into());
+                let _ = event.insert("data".into(), v.clone());
+            }
+        }
+        Json::Object(event)
+    }
+}
+
+/// The media type of a structured batch.
+pub const BATCH_CONTENT_TYPE: &str = "application/cloudevents-batch+json";
+
+/// A batch in structured batch mode: the JSON array of `events` and its headers.
+pub fn structured_batch(events: &[Json]) -> (Vec<u8>, HeaderMap) {
+    let body = serde_json::to_vec(events).unwrap_or_else(|_| b"[]".to_vec());
+    let mut headers = HeaderMap::with_capacity(1);
+    let _ = headers.insert(CONTENT_TYPE, HeaderValue::from_static(BATCH_CONTENT_TYPE));
+    (body, headers)
+}
+
+/// A record's CloudEvents view.
+pub fn ce_record<'a>(
+    id: &'a str,
+    msg: &'a OwnedMessage,
+    key: &'a Decoded,
+    value: &'a Decoded,
+) -> CeRecord<'a> {
+    CeRecord {
+        id,
+        topic: msg.topic(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+        timestamp_ms: msg.timestamp().to_millis(),
+        key: &key.value,
+        value,
+        payload: msg.payload(),
+    }
+}
+
+/// The body of a binary-mode event and its media type.
+fn data(r: &CeRecord<'_>) -> (Vec<u8>, &'static str) {
+    match (r.value.schema.format, &r.value.value) {
+        ("string", Json::String(s)) => (s.as_bytes().to_vec(), "text/plain; charset=utf-8"),
+        ("bytes", _) => (
+            r.payload.unwrap_or_default().to_vec(),
+            "application/octet-stream",
+        ),
+        (_, v) => (
+            serde_json::to_vec(v).unwrap_or_else(|_| b"null".to_vec()),
+            "application/json",
+        ),
     }
 }
 

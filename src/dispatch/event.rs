@@ -207,6 +207,48 @@ pub fn render(
     }
 }
 
+/// What a batch request says of itself, besides its events.
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchHead<'a> {
+    /// The batch's idempotency key (also its `Idempotency-Key` header).
+    pub id: &'a str,
+    /// Connection name.
+    pub connection: &'a str,
+    /// Trigger name.
+    pub trigger: &'a str,
+    /// Workflow to start.
+    pub workflow: &'a str,
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition.
+    pub partition: i32,
+    /// The first event's offset.
+    pub first_offset: i64,
+    /// The last event's offset.
+    pub last_offset: i64,
+    /// How many events follow.
+    pub count: usize,
+}
+
+/// The body of a batch request: the head's members and `events`, the events of
+/// [`render`] in offset order (spliced as they are, not parsed again).
+pub fn render_batch(head: &BatchHead<'_>, events: &[Vec<u8>]) -> Vec<u8> {
+    let mut body = serde_json::to_vec(head).unwrap_or_else(|_| b"{}".to_vec());
+    let size = events.iter().map(|e| e.len() + 1).sum::<usize>() + 16;
+    body.reserve(size);
+    // Replace the closing brace by the events member.
+    let _ = body.pop();
+    body.extend_from_slice(b",\"events\":[");
+    for (i, e) in events.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(e);
+    }
+    body.extend_from_slice(b"]}");
+    body
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +259,29 @@ mod tests {
             value: Some(value.into()),
             encoding: "utf8",
         }]
+    }
+
+    #[test]
+    fn a_batch_body_is_its_head_and_its_events() {
+        let head = BatchHead {
+            id: "kafka:g:t:0:3-4:2",
+            connection: "c",
+            trigger: "tr",
+            workflow: "w",
+            topic: "t",
+            partition: 0,
+            first_offset: 3,
+            last_offset: 4,
+            count: 2,
+        };
+        let body = render_batch(
+            &head,
+            &[br#"{"id":"a"}"#.to_vec(), br#"{"id":"b"}"#.to_vec()],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["id"], "kafka:g:t:0:3-4:2");
+        assert_eq!(v["count"], 2);
+        assert_eq!(v["events"][1]["id"], "b");
     }
 
     #[test]

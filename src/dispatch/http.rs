@@ -137,6 +137,32 @@ impl HttpDispatcher {
         traceparent: Option<&str>,
         envelope: HeaderMap,
     ) -> DispatchOutcome {
+        self.send(body, idempotency_key, traceparent, envelope, false)
+            .await
+            .0
+    }
+
+    /// [`HttpDispatcher::dispatch_with`] for a batch: also returns the body of a 2xx answer
+    /// (up to 64 KiB), which may name the events that failed.
+    pub async fn dispatch_batch(
+        &self,
+        body: Vec<u8>,
+        idempotency_key: &str,
+        traceparent: Option<&str>,
+        envelope: HeaderMap,
+    ) -> (DispatchOutcome, Bytes) {
+        self.send(body, idempotency_key, traceparent, envelope, true)
+            .await
+    }
+
+    async fn send(
+        &self,
+        body: Vec<u8>,
+        idempotency_key: &str,
+        traceparent: Option<&str>,
+        envelope: HeaderMap,
+        keep_success_body: bool,
+    ) -> (DispatchOutcome, Bytes) {
         let mut request = Request::new(Full::new(Bytes::from(body)));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.uri.clone();
@@ -153,9 +179,12 @@ impl HttpDispatcher {
                 let _ = headers.insert(HeaderName::from_static("idempotency-key"), v);
             }
             Err(_) => {
-                return DispatchOutcome::Invalid {
-                    reason: "the Idempotency-Key is not a valid header value".to_owned(),
-                }
+                return (
+                    DispatchOutcome::Invalid {
+                        reason: "the Idempotency-Key is not a valid header value".to_owned(),
+                    },
+                    Bytes::new(),
+                )
             }
         }
         if let Some(tp) = traceparent {
@@ -164,9 +193,12 @@ impl HttpDispatcher {
                     let _ = headers.insert(HeaderName::from_static("traceparent"), v);
                 }
                 Err(_) => {
-                    return DispatchOutcome::Invalid {
-                        reason: "the traceparent is not a valid header value".to_owned(),
-                    }
+                    return (
+                        DispatchOutcome::Invalid {
+                            reason: "the traceparent is not a valid header value".to_owned(),
+                        },
+                        Bytes::new(),
+                    )
                 }
             }
         }
@@ -176,16 +208,18 @@ impl HttpDispatcher {
             let status = parts.status.as_u16();
             // The answer's body is read to its end (up to a bound) so that the connection
             // goes back to the pool; only an error answer's text is kept.
-            let text = match Limited::new(incoming, MAX_ERROR_BODY).collect().await {
-                Ok(collected) if !(200..300).contains(&status) => {
-                    String::from_utf8_lossy(&collected.to_bytes()).into_owned()
-                }
-                _ => String::new(),
+            let (text, success) = match Limited::new(incoming, MAX_ERROR_BODY).collect().await {
+                Ok(collected) if !(200..300).contains(&status) => (
+                    String::from_utf8_lossy(&collected.to_bytes()).into_owned(),
+                    Bytes::new(),
+                ),
+                Ok(collected) if keep_success_body => (String::new(), collected.to_bytes()),
+                _ => (String::new(), Bytes::new()),
             };
-            Ok::<_, hyper_util::client::legacy::Error>((parts.headers, status, text))
+            Ok::<_, hyper_util::client::legacy::Error>((parts.headers, status, text, success))
         };
         match tokio::time::timeout(self.timeout, exchange).await {
-            Ok(Ok((headers, status, text))) => {
+            Ok(Ok((headers, status, text, success))) => {
                 let retry_after = headers
                     .get(RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
@@ -201,22 +235,28 @@ impl HttpDispatcher {
                 } else {
                     text
                 };
-                classify(status, &body, retry_after)
+                (classify(status, &body, retry_after), success)
             }
-            Ok(Err(e)) => DispatchOutcome::Retryable {
-                status: None,
-                reason: if e.is_connect() {
-                    "cannot connect to the dispatcher".to_owned()
-                } else {
-                    crate::config::redacted_error_chain(&e)
+            Ok(Err(e)) => (
+                DispatchOutcome::Retryable {
+                    status: None,
+                    reason: if e.is_connect() {
+                        "cannot connect to the dispatcher".to_owned()
+                    } else {
+                        crate::config::redacted_error_chain(&e)
+                    },
+                    retry_after: None,
                 },
-                retry_after: None,
-            },
-            Err(_) => DispatchOutcome::Retryable {
-                status: None,
-                reason: "request timed out".to_owned(),
-                retry_after: None,
-            },
+                Bytes::new(),
+            ),
+            Err(_) => (
+                DispatchOutcome::Retryable {
+                    status: None,
+                    reason: "request timed out".to_owned(),
+                    retry_after: None,
+                },
+                Bytes::new(),
+            ),
         }
     }
 }

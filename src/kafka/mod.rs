@@ -15,6 +15,8 @@
 //! A connection without triggers runs none of this, only [`produce_only`]'s health probe.
 
 pub mod aws_credentials;
+pub mod batch;
+mod batch_worker;
 pub mod commit_thread;
 pub mod committer;
 pub mod context;

@@ -19,6 +19,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::batch::BatchLimits;
 use super::offsets::{OffsetTracker, Received};
 use super::scheduler::PartitionQueue;
 use super::AssignedPartition;
@@ -42,6 +43,8 @@ pub struct TriggerSlot<T> {
     pub permits: Arc<Semaphore>,
     /// Handed to each run started.
     pub runtime: T,
+    /// A batch trigger's bounds: its partitions start one batch at a time, in offset order.
+    pub batch: Option<BatchLimits>,
 }
 
 /// Buffering limits of a connection.
@@ -88,6 +91,13 @@ pub struct Partition<T> {
     pub stalled: Option<String>,
     /// Being revoked: nothing new starts.
     revoking: bool,
+    /// Batch triggers: key and value bytes of the waiting records.
+    batch_bytes: usize,
+    /// Batch triggers: since when the first waiting record waits (set when the partition is
+    /// next processed after it arrived, or when the batch before it went out).
+    batch_since: Option<Instant>,
+    /// Batch triggers: a wake-up for `max_wait` is registered.
+    batch_timer: bool,
     dirty: bool,
     starved: bool,
     commit_changed: bool,
@@ -122,8 +132,10 @@ pub struct Start<T> {
     pub generation: u64,
     /// Its key (for ordering, given back on completion).
     pub key: Option<Vec<u8>>,
-    /// The message.
+    /// The message (a batch's first).
     pub msg: OwnedMessage,
+    /// A batch trigger's further records of the batch, in offset order (empty otherwise).
+    pub batch: Vec<OwnedMessage>,
     /// One of the trigger's concurrency permits.
     pub permit: OwnedSemaphorePermit,
     /// The trigger's runtime.
@@ -176,6 +188,8 @@ pub struct PartitionSet<T> {
     global_full: bool,
     /// New runs wait (the broker refuses commits).
     holding: bool,
+    /// Batch triggers' partitions waiting for `max_wait`: when, which, which assignment.
+    batch_timers: Vec<(Instant, PartitionId, u64)>,
 }
 
 impl<T: Clone> PartitionSet<T> {
@@ -193,6 +207,7 @@ impl<T: Clone> PartitionSet<T> {
             buffered_bytes: 0,
             global_full: false,
             holding: false,
+            batch_timers: Vec::new(),
         }
     }
 
@@ -286,7 +301,12 @@ impl<T: Clone> PartitionSet<T> {
             self.starved.resize_with(trigger.index + 1, Vec::new);
         }
         let p = Partition {
-            queue: PartitionQueue::new(trigger.ordering),
+            // A batch trigger's partition sends its records in offset order.
+            queue: PartitionQueue::new(if trigger.batch.is_some() {
+                Ordering::Partition
+            } else {
+                trigger.ordering
+            }),
             trigger,
             generation: self.generation,
             tracker: OffsetTracker::from_committed(a.committed, &a.metadata),
@@ -300,6 +320,9 @@ impl<T: Clone> PartitionSet<T> {
             last_progress: now,
             stalled: None,
             revoking: false,
+            batch_bytes: 0,
+            batch_since: None,
+            batch_timer: false,
             dirty: false,
             starved: false,
             commit_changed: false,
@@ -339,6 +362,9 @@ impl<T: Clone> PartitionSet<T> {
         let bytes = msg_bytes(&msg);
         p.buffered_bytes += bytes;
         self.buffered_bytes += bytes;
+        if p.trigger.batch.is_some() {
+            p.batch_bytes += raw_bytes(&msg);
+        }
         let key = msg.key().map(<[u8]>::to_vec);
         p.queue.push(key, msg);
         Self::mark_dirty(&mut self.dirty, p, id);
@@ -402,6 +428,41 @@ impl<T: Clone> PartitionSet<T> {
         Some(trigger)
     }
 
+    /// A batch started by [`Start`] ended: each record's offset and whether it is handled.
+    /// Returns the trigger index whose permit came free, or None for a batch of an earlier
+    /// assignment.
+    pub fn on_batch_completion(
+        &mut self,
+        id: PartitionId,
+        generation: u64,
+        records: &[(i64, bool)],
+    ) -> Option<usize> {
+        let p = self.slots.get_mut(id.0 as usize)?.as_mut()?;
+        if p.generation != generation {
+            return None;
+        }
+        let mut any = false;
+        for &(offset, handled) in records {
+            p.queue.finished(&None);
+            if handled {
+                p.tracker.handled(offset);
+                any = true;
+            }
+        }
+        if any {
+            Self::mark_commit_changed(&mut self.commit_pending, p, id);
+        }
+        Self::mark_dirty(&mut self.dirty, p, id);
+        let trigger = p.trigger.index;
+        self.wake_starved(trigger);
+        Some(trigger)
+    }
+
+    /// When a batch trigger's partition next needs processing for `max_wait`.
+    pub fn next_batch_due(&self) -> Option<Instant> {
+        self.batch_timers.iter().map(|(at, _, _)| *at).min()
+    }
+
     /// A permit of the trigger with `index` came free: its starved partitions may start
     /// messages again.
     pub fn wake_starved(&mut self, index: usize) {
@@ -438,6 +499,8 @@ impl<T: Clone> PartitionSet<T> {
             };
             p.revoking = true;
             let _ = p.queue.clear_waiting();
+            p.batch_bytes = 0;
+            p.batch_since = None;
             let freed = std::mem::take(&mut p.buffered_bytes);
             p.drain.cancel();
             if lost {
@@ -452,6 +515,8 @@ impl<T: Clone> PartitionSet<T> {
         for p in self.slots.iter_mut().flatten() {
             p.revoking = true;
             let _ = p.queue.clear_waiting();
+            p.batch_bytes = 0;
+            p.batch_since = None;
             self.buffered_bytes -= std::mem::take(&mut p.buffered_bytes);
             p.drain.cancel();
         }
@@ -496,6 +561,7 @@ impl<T: Clone> PartitionSet<T> {
         // Rebalances are rare: forgetting the slot in the work lists may cost a scan.
         self.dirty.retain(|x| *x != id);
         self.commit_pending.retain(|x| *x != id);
+        self.batch_timers.retain(|(_, x, _)| *x != id);
         for starved in &mut self.starved {
             starved.retain(|x| *x != id);
         }
@@ -530,7 +596,24 @@ impl<T: Clone> PartitionSet<T> {
     /// Works through the partitions that changed: starts what ordering, the hold and the
     /// triggers' permits allow, and decides pauses and resumes, into `out`. Only changed
     /// partitions are visited, so thousands of idle partitions cost nothing.
-    pub fn process(&mut self, out: &mut Actions<T>) {
+    pub fn process(&mut self, now: Instant, out: &mut Actions<T>) {
+        // Batch triggers' partitions whose `max_wait` passed.
+        if !self.batch_timers.is_empty() {
+            let slots = &mut self.slots;
+            let dirty = &mut self.dirty;
+            self.batch_timers.retain(|&(at, id, generation)| {
+                if at > now {
+                    return true;
+                }
+                if let Some(Some(p)) = slots.get_mut(id.0 as usize) {
+                    if p.generation == generation {
+                        p.batch_timer = false;
+                        Self::mark_dirty(dirty, p, id);
+                    }
+                }
+                false
+            });
+        }
         // Full at the budget, and again not full only at half of it.
         let full = if self.buffered_bytes >= self.limits.max_bytes {
             true
@@ -553,7 +636,14 @@ impl<T: Clone> PartitionSet<T> {
             p.dirty = false;
             if !p.revoking
                 && !self.holding
-                && start_ready(p, id, &mut self.buffered_bytes, out)
+                && start_ready(
+                    p,
+                    id,
+                    now,
+                    &mut self.buffered_bytes,
+                    &mut self.batch_timers,
+                    out,
+                )
                 && !p.starved
             {
                 p.starved = true;
@@ -584,9 +674,14 @@ impl<T: Clone> PartitionSet<T> {
 fn start_ready<T: Clone>(
     p: &mut Partition<T>,
     id: PartitionId,
+    now: Instant,
     buffered_bytes: &mut usize,
+    batch_timers: &mut Vec<(Instant, PartitionId, u64)>,
     out: &mut Actions<T>,
 ) -> bool {
+    if let Some(limits) = p.trigger.batch {
+        return start_batch(p, id, limits, now, buffered_bytes, batch_timers, out);
+    }
     loop {
         if p.queue.waiting() == 0 || p.tracker.gap_full() {
             return false;
@@ -605,6 +700,7 @@ fn start_ready<T: Clone>(
             generation: p.generation,
             key,
             msg,
+            batch: Vec::new(),
             permit,
             trigger: p.trigger.runtime.clone(),
             trigger_index: p.trigger.index,
@@ -612,6 +708,76 @@ fn start_ready<T: Clone>(
             cancel: p.cancel.clone(),
         });
     }
+}
+
+/// A batch trigger's partition: starts its next batch when none is in flight and one is due
+/// (see [`BatchLimits::due`]), or registers a wake-up for `max_wait`. Returns true when a
+/// batch was due but no permit was free.
+fn start_batch<T: Clone>(
+    p: &mut Partition<T>,
+    id: PartitionId,
+    limits: BatchLimits,
+    now: Instant,
+    buffered_bytes: &mut usize,
+    batch_timers: &mut Vec<(Instant, PartitionId, u64)>,
+    out: &mut Actions<T>,
+) -> bool {
+    let waiting = p.queue.waiting();
+    if waiting == 0 {
+        p.batch_since = None;
+        return false;
+    }
+    let since = *p.batch_since.get_or_insert(now);
+    // One batch of a partition at a time: its records' keys and the commit stay in order.
+    if p.queue.in_flight() > 0 || p.tracker.gap_full() {
+        return false;
+    }
+    if !limits.due(waiting, p.batch_bytes, Some(since), now, false) {
+        if !p.batch_timer {
+            p.batch_timer = true;
+            batch_timers.push((since + limits.max_wait, id, p.generation));
+        }
+        return false;
+    }
+    let Ok(permit) = Arc::clone(&p.trigger.permits).try_acquire_owned() else {
+        return true;
+    };
+    let n = limits.take(p.queue.iter_fifo().map(raw_bytes));
+    let mut records = Vec::with_capacity(n);
+    for _ in 0..n {
+        let Some((_, msg)) = p.queue.pop_fifo() else {
+            break;
+        };
+        let bytes = msg_bytes(&msg);
+        p.buffered_bytes -= bytes;
+        *buffered_bytes -= bytes;
+        p.batch_bytes -= raw_bytes(&msg);
+        records.push(msg);
+    }
+    // Records still waiting wait from now (no batch of the partition could go out before).
+    p.batch_since = (p.queue.waiting() > 0).then_some(now);
+    let mut records = records.into_iter();
+    let Some(msg) = records.next() else {
+        return false;
+    };
+    out.starts.push(Start {
+        id,
+        generation: p.generation,
+        key: None,
+        msg,
+        batch: records.collect(),
+        permit,
+        trigger: p.trigger.runtime.clone(),
+        trigger_index: p.trigger.index,
+        drain: p.drain.clone(),
+        cancel: p.cancel.clone(),
+    });
+    false
+}
+
+/// A record's key and value bytes (what `batch.max_bytes` bounds).
+pub fn raw_bytes(m: &OwnedMessage) -> usize {
+    m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len)
 }
 
 /// What a waiting message costs in memory besides its key and payload: the owned copy, its
@@ -655,6 +821,7 @@ mod tests {
             ordering,
             permits: Arc::new(Semaphore::new(permits)),
             runtime: "trigger",
+            batch: None,
         }
     }
 
@@ -681,7 +848,7 @@ mod tests {
 
     fn process(s: &mut PartitionSet<&'static str>) -> Actions<&'static str> {
         let mut out = Actions::default();
-        s.process(&mut out);
+        s.process(Instant::now(), &mut out);
         out
     }
 
@@ -958,7 +1125,7 @@ mod tests {
             let _ = s.on_message(msg(0, o, "k"));
         }
         let mut out = Actions::default();
-        s.process(&mut out);
+        s.process(Instant::now(), &mut out);
         // Offset 0 stays in flight; everything above it is handled.
         let mut starts = out.starts.into_iter();
         let parked = starts.next().unwrap();
@@ -975,6 +1142,150 @@ mod tests {
         assert_eq!(out.starts.len(), 1);
     }
 
+    fn batch_trigger(
+        permits: usize,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> TriggerSlot<&'static str> {
+        TriggerSlot {
+            batch: Some(BatchLimits {
+                max_records,
+                max_bytes,
+                max_wait: std::time::Duration::from_millis(1000),
+            }),
+            ..trigger(permits, Ordering::Key)
+        }
+    }
+
+    fn offsets_of(start: &Start<&'static str>) -> Vec<i64> {
+        std::iter::once(&start.msg)
+            .chain(&start.batch)
+            .map(Message::offset)
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_goes_out_at_max_records_in_offset_order_one_per_partition_at_a_time() {
+        let mut s = set(100, 1 << 20);
+        s.assign(
+            assigned(0, Some(0), ""),
+            batch_trigger(8, 3, 1 << 20),
+            Instant::now(),
+        );
+        for o in 0..7 {
+            let _ = s.on_message(msg(0, o, if o % 2 == 0 { "a" } else { "b" }));
+        }
+        let mut out = process(&mut s);
+        assert_eq!(out.starts.len(), 1, "one batch of a partition at a time");
+        let first = out.starts.pop().unwrap();
+        assert_eq!(offsets_of(&first), vec![0, 1, 2]);
+        assert!(
+            process(&mut s).starts.is_empty(),
+            "the next waits for the first"
+        );
+        // Nothing is committed before the batch is handled.
+        assert!(commits(&mut s).is_empty());
+        let _ = s.on_batch_completion(
+            first.id,
+            first.generation,
+            &[(0, true), (1, true), (2, true)],
+        );
+        assert_eq!(commits(&mut s), vec![(0, 3, String::new())]);
+        let second = process(&mut s).starts.pop().unwrap();
+        assert_eq!(offsets_of(&second), vec![3, 4, 5]);
+        // A record not handled (abandoned) holds the commit below it.
+        let _ = s.on_batch_completion(
+            second.id,
+            second.generation,
+            &[(3, true), (4, false), (5, true)],
+        );
+        let c = commits(&mut s);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].1, 4);
+        // One record is left: it waits for max_wait.
+        let mut out = Actions::default();
+        s.process(Instant::now(), &mut out);
+        assert!(out.starts.is_empty());
+        let due = s.next_batch_due().expect("a wake-up for max_wait");
+        s.process(due, &mut out);
+        assert_eq!(offsets_of(&out.starts[0]), vec![6]);
+        assert!(s.next_batch_due().is_none());
+    }
+
+    #[test]
+    fn a_batch_respects_max_bytes_and_an_oversized_record_goes_alone() {
+        let mut s = set(100, 1 << 20);
+        // Each test record has a 36-byte value and a 1-byte key: 37 bytes.
+        s.assign(
+            assigned(0, Some(0), ""),
+            batch_trigger(8, 100, 80),
+            Instant::now(),
+        );
+        for o in 0..5 {
+            let _ = s.on_message(msg(0, o, "k"));
+        }
+        let b = process(&mut s).starts.pop().unwrap();
+        assert_eq!(offsets_of(&b), vec![0, 1]);
+        let _ = s.on_batch_completion(b.id, b.generation, &[(0, true), (1, true)]);
+        let b = process(&mut s).starts.pop().unwrap();
+        assert_eq!(offsets_of(&b), vec![2, 3]);
+        let mut s = set(100, 1 << 20);
+        s.assign(
+            assigned(0, Some(0), ""),
+            batch_trigger(8, 100, 10),
+            Instant::now(),
+        );
+        let _ = s.on_message(msg(0, 0, "k"));
+        let _ = s.on_message(msg(0, 1, "k"));
+        assert_eq!(offsets_of(&process(&mut s).starts[0]), vec![0]);
+    }
+
+    #[test]
+    fn batches_of_different_partitions_run_in_parallel_up_to_the_permits() {
+        let mut s = set(100, 1 << 20);
+        let t = batch_trigger(2, 2, 1 << 20);
+        for p in 0..3 {
+            s.assign(assigned(p, Some(0), ""), t.clone(), Instant::now());
+            for o in 0..2 {
+                let _ = s.on_message(msg(p, o, "k"));
+            }
+        }
+        let out = process(&mut s);
+        assert_eq!(out.starts.len(), 2, "two permits");
+        let mut parts: Vec<i32> = out.starts.iter().map(|b| b.msg.partition()).collect();
+        parts.sort_unstable();
+        parts.dedup();
+        assert_eq!(parts.len(), 2);
+        let first = out.starts.into_iter().next().unwrap();
+        let offsets: Vec<(i64, bool)> = offsets_of(&first).into_iter().map(|o| (o, true)).collect();
+        drop(first.permit);
+        let _ = s.on_batch_completion(first.id, first.generation, &offsets);
+        assert_eq!(
+            process(&mut s).starts.len(),
+            1,
+            "the third partition's batch starts"
+        );
+    }
+
+    #[test]
+    fn revoking_drops_a_waiting_batch_and_commits_only_what_was_handled() {
+        let mut s = set(100, 1 << 20);
+        s.assign(
+            assigned(0, Some(0), ""),
+            batch_trigger(8, 2, 1 << 20),
+            Instant::now(),
+        );
+        for o in 0..3 {
+            let _ = s.on_message(msg(0, o, "k"));
+        }
+        let b = process(&mut s).starts.pop().unwrap();
+        s.begin_revoke(&[tp(0)], false);
+        assert_eq!(s.buffered_bytes(), 0);
+        let _ = s.on_batch_completion(b.id, b.generation, &[(0, true), (1, true)]);
+        assert_eq!(s.final_commit(&tp(0)).unwrap().0, 2);
+        assert!(process(&mut s).starts.is_empty());
+    }
+
     impl<T: Clone> Start<T> {
         /// A copy holding a fresh permit-less stand-in, for tests that finish a run and keep
         /// looking at it.
@@ -984,6 +1295,7 @@ mod tests {
                 generation: self.generation,
                 key: self.key.clone(),
                 msg: self.msg.clone(),
+                batch: self.batch.clone(),
                 permit: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
                 trigger: self.trigger.clone(),
                 trigger_index: self.trigger_index,

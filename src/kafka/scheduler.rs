@@ -90,6 +90,22 @@ impl<T> PartitionQueue<T> {
         popped
     }
 
+    /// `partition` ordering (batch triggers): removes and returns the first waiting message
+    /// whatever is in flight (a batch takes several at once).
+    pub fn pop_fifo(&mut self) -> Option<(Key, T)> {
+        let popped = self.fifo.pop_front();
+        if popped.is_some() {
+            self.waiting -= 1;
+            self.in_flight += 1;
+        }
+        popped
+    }
+
+    /// `partition` and `unordered` ordering: the waiting messages, in offset order.
+    pub fn iter_fifo(&self) -> impl Iterator<Item = &T> {
+        self.fifo.iter().map(|(_, t)| t)
+    }
+
     /// A started message finished (accepted, skipped or abandoned).
     pub fn finished(&mut self, key: &Key) {
         self.in_flight = self.in_flight.saturating_sub(1);

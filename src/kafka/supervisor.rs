@@ -71,6 +71,8 @@ type Trigger = Arc<TriggerRuntime>;
 enum WorkerEvent {
     /// A started message ended.
     Finished(Completion),
+    /// A started batch ended.
+    BatchFinished(BatchCompletion),
     /// A worker of the trigger with this index gave its permit back while it waits to retry:
     /// other partitions may start.
     Yielded(usize),
@@ -84,6 +86,13 @@ struct Completion {
     outcome: WorkOutcome,
     /// The message's trace span (disabled unless traces are exported).
     span: tracing::Span,
+}
+
+/// A batch's end: each record's offset and outcome, in offset order.
+struct BatchCompletion {
+    id: PartitionId,
+    generation: u64,
+    records: Vec<(i64, WorkOutcome)>,
 }
 
 struct PendingRevoke {
@@ -260,6 +269,7 @@ impl ConnectionSupervisor {
                 ordering: t.ordering,
                 permits,
                 runtime: Arc::clone(&runtime),
+                batch: t.batch.as_ref().map(super::batch::BatchLimits::from),
             };
             for topic in t.topics.iter().filter(|t| !crate::config::is_pattern(t)) {
                 let _ = by_topic.insert(topic.clone(), slot.clone());
@@ -365,6 +375,7 @@ impl ConnectionSupervisor {
         loop {
             let revoke_deadline = self.pending_revoke.as_ref().map(|r| r.deadline);
             let commit_due = self.next_commit_due();
+            let batch_due = self.partitions.next_batch_due();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
@@ -383,6 +394,7 @@ impl ConnectionSupervisor {
                     &self.config, &self.consumer, &mut self.partitions, &self.triggers, &self.tasks,
                 ),
                 _ = sleep_until_opt(commit_due) => {}
+                _ = sleep_until_opt(batch_due) => {}
                 Some(answer) = self.commit_answers.recv() => self.on_commit_answer(answer),
                 event = self.events.recv(), if self.pending_revoke.is_none() => match event {
                     Some(e) => self.on_event(e),
@@ -552,6 +564,7 @@ impl ConnectionSupervisor {
     fn on_worker_event(&mut self, event: WorkerEvent) {
         match event {
             WorkerEvent::Finished(c) => self.on_completion(c),
+            WorkerEvent::BatchFinished(c) => self.on_batch_completion(c),
             WorkerEvent::Yielded(trigger) => self.partitions.wake_starved(trigger),
         }
     }
@@ -582,6 +595,28 @@ impl ConnectionSupervisor {
         }
     }
 
+    fn on_batch_completion(&mut self, c: BatchCompletion) {
+        self.in_flight_gauge().decrement(c.records.len() as f64);
+        let handled: Vec<(i64, bool)> = c
+            .records
+            .iter()
+            .map(|(offset, outcome)| (*offset, outcome.is_handled()))
+            .collect();
+        if self
+            .partitions
+            .on_batch_completion(c.id, c.generation, &handled)
+            .is_none()
+        {
+            return;
+        }
+        if let Some(p) = self.partitions.get(c.id) {
+            let metrics = p.trigger.runtime.metrics();
+            for (_, outcome) in c.records.iter().filter(|(_, o)| o.is_handled()) {
+                metrics.handled(outcome.label());
+            }
+        }
+    }
+
     /// Pauses or resumes `tpl` through the flow thread (in the order decided), or here while
     /// it does not run (before `run`, during shutdown).
     fn pause_or_resume(&self, pause: bool, tpl: TopicPartitionList) {
@@ -609,7 +644,7 @@ impl ConnectionSupervisor {
     /// Applies what the partition set decided: starts runs, pauses and resumes partitions.
     fn process(&mut self) {
         let mut actions = std::mem::take(&mut self.actions);
-        self.partitions.process(&mut actions);
+        self.partitions.process(Instant::now(), &mut actions);
         for start in actions.starts.drain(..) {
             self.spawn_run(start);
         }
@@ -632,11 +667,16 @@ impl ConnectionSupervisor {
 
     /// Starts one run on the runtime.
     fn spawn_run(&mut self, start: Start<Trigger>) {
+        if !start.batch.is_empty() || start.trigger.config.batch.is_some() {
+            self.spawn_batch(start);
+            return;
+        }
         let Start {
             id,
             generation,
             key,
             msg,
+            batch: _,
             permit,
             trigger,
             trigger_index,
@@ -686,6 +726,67 @@ impl ConnectionSupervisor {
             let _ = done.send(WorkerEvent::Finished(Completion {
                 outcome,
                 ..completion
+            }));
+        }));
+    }
+
+    /// Starts one batch on the runtime.
+    fn spawn_batch(&mut self, start: Start<Trigger>) {
+        let Start {
+            id,
+            generation,
+            msg,
+            batch,
+            permit,
+            trigger,
+            trigger_index,
+            drain,
+            cancel,
+            ..
+        } = start;
+        let mut msgs = Vec::with_capacity(batch.len() + 1);
+        msgs.push(msg);
+        msgs.extend(batch);
+        let offsets: Vec<i64> = msgs.iter().map(|m| m.offset()).collect();
+        let done = self.completions_tx.clone();
+        let yielded = {
+            let tx = self.completions_tx.clone();
+            move || {
+                let _ = tx.send(WorkerEvent::Yielded(trigger_index));
+            }
+        };
+        self.in_flight_gauge().increment(offsets.len() as f64);
+        drop(self.tasks.spawn(async move {
+            let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
+            let first = offsets.first().copied().unwrap_or_default();
+            // The batch worker contains panics of decoding itself; this catches one in its
+            // own bookkeeping, so that the completion is always sent. The records are then
+            // abandoned: not committed, offered again after the next rebalance or restart.
+            let outcomes = std::panic::AssertUnwindSafe(super::batch_worker::process(
+                trigger, msgs, permit, drain, cancel, yielded,
+            ))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                metrics::worker_panic(&connection, &name);
+                tracing::error!(connection = %connection, trigger = %name, first_offset = first,
+                    "batch worker panicked; the batch is left uncommitted");
+                Vec::new()
+            });
+            let records = offsets
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    (
+                        *o,
+                        outcomes.get(i).copied().unwrap_or(WorkOutcome::Abandoned),
+                    )
+                })
+                .collect();
+            let _ = done.send(WorkerEvent::BatchFinished(BatchCompletion {
+                id,
+                generation,
+                records,
             }));
         }));
     }

@@ -40,7 +40,7 @@ use crate::telemetry::metrics;
 use super::record_age;
 
 /// How long a trigger stopped by a configuration error waits between attempts.
-const STOPPED_RETRY: Duration = Duration::from_secs(30);
+pub(super) const STOPPED_RETRY: Duration = Duration::from_secs(30);
 
 /// Everything a trigger's messages need, shared by its workers.
 #[derive(Debug)]
@@ -95,14 +95,14 @@ impl TriggerRuntime {
         }
     }
 
-    fn throttle_deadline(&self) -> Option<Instant> {
+    pub(super) fn throttle_deadline(&self) -> Option<Instant> {
         *self
             .throttle_until
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    fn throttle(&self, delay: Duration) {
+    pub(super) fn throttle(&self, delay: Duration) {
         // `delay` is clamped to the largest backoff; the checked add keeps even a bug there from
         // panicking on Instant arithmetic.
         let Some(until) = Instant::now().checked_add(self.backoff.clamp(delay)) else {
@@ -117,7 +117,7 @@ impl TriggerRuntime {
         }
     }
 
-    fn failed(&self, reason: &str) {
+    pub(super) fn failed(&self, reason: &str) {
         *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((Instant::now(), sanitize(reason)));
     }
@@ -141,7 +141,7 @@ impl TriggerRuntime {
             .map(|(_, r)| r.clone())
     }
 
-    fn stop(&self, reason: &str) {
+    pub(super) fn stop(&self, reason: &str) {
         self.failed(reason);
         if !self.stopped.swap(true, Ordering::SeqCst) {
             tracing::error!(connection = %self.connection, trigger = %self.name, error = reason,
@@ -149,7 +149,7 @@ impl TriggerRuntime {
         }
     }
 
-    fn resume(&self) {
+    pub(super) fn resume(&self) {
         if self.stopped.swap(false, Ordering::SeqCst) {
             tracing::info!(connection = %self.connection, trigger = %self.name, "trigger dispatching again");
         }
@@ -201,18 +201,18 @@ impl WorkOutcome {
 
 /// Why a message is handed to the error policy.
 #[derive(Debug, Clone)]
-struct Failure {
+pub(super) struct Failure {
     /// `KEY_DESERIALIZE`, `VALUE_DESERIALIZE` or `DISPATCH`.
-    stage: &'static str,
+    pub(super) stage: &'static str,
     /// Stable error class.
-    class: &'static str,
+    pub(super) class: &'static str,
     /// Sanitised, one line.
-    message: String,
-    status: Option<u16>,
-    schema_id: Option<u32>,
+    pub(super) message: String,
+    pub(super) status: Option<u16>,
+    pub(super) schema_id: Option<u32>,
 }
 
-enum Step {
+pub(super) enum Step {
     Done(WorkOutcome),
     Retry { retry_after: Option<Duration> },
     Fail(Failure),
@@ -327,10 +327,10 @@ pub fn decide(observed: Observed, transient: u32, policy: &RetryPolicy) -> Next 
 }
 
 /// Per-message retry state.
-struct Attempts {
-    total: u32,
-    transient: u32,
-    first_schema_not_found: Option<Instant>,
+pub(super) struct Attempts {
+    pub(super) total: u32,
+    pub(super) transient: u32,
+    pub(super) first_schema_not_found: Option<Instant>,
 }
 
 /// Processes one message until it is handled. `drain` stops further attempts (revoke,
@@ -424,7 +424,7 @@ pub async fn process(
 /// permit that frees up ahead of the partition's fresh messages, and a key that keeps failing
 /// (or a schema the registry cannot serve) would starve the other keys. They try now and
 /// then. None when draining.
-async fn acquire_permit(
+pub(super) async fn acquire_permit(
     trigger: &TriggerRuntime,
     drain: &CancellationToken,
 ) -> Option<OwnedSemaphorePermit> {
@@ -445,7 +445,7 @@ async fn acquire_permit(
 
 /// A panic inside one attempt: counted and logged; the attempt failed like a transient
 /// dispatch failure, so `retry.max_attempts` and then `on_error` decide.
-fn on_panic(
+pub(super) fn on_panic(
     trigger: &TriggerRuntime,
     msg: &OwnedMessage,
     panic: &(dyn std::any::Any + Send),
@@ -638,7 +638,7 @@ async fn attempt_once(
     )
 }
 
-fn on_decode_error(
+pub(super) fn on_decode_error(
     trigger: &TriggerRuntime,
     msg: &OwnedMessage,
     field: Field,
@@ -695,7 +695,7 @@ fn on_decode_error(
 }
 
 /// Applies `on_error`; None means "not handled, retry later".
-async fn apply_error_policy(
+pub(super) async fn apply_error_policy(
     trigger: &TriggerRuntime,
     msg: &OwnedMessage,
     id: &str,
@@ -819,7 +819,7 @@ fn dead_letter_headers(
 
 /// `max_record_age_ms`: the step for a record older than that (skipped, or handed to the
 /// dead-letter path with stage `RECORD_AGE`); None when it may run.
-fn expired(trigger: &TriggerRuntime, msg: &OwnedMessage) -> Option<Step> {
+pub(super) fn expired(trigger: &TriggerRuntime, msg: &OwnedMessage) -> Option<Step> {
     let max = trigger.config.max_record_age_ms?;
     let age = record_age::expired(msg.timestamp().to_millis(), record_age::now_ms(), Some(max))?;
     tracing::debug!(
@@ -840,7 +840,7 @@ fn expired(trigger: &TriggerRuntime, msg: &OwnedMessage) -> Option<Step> {
 }
 
 /// One line, bounded, with credentials in URLs (user info, secret query values) removed.
-fn sanitize(message: &str) -> String {
+pub(super) fn sanitize(message: &str) -> String {
     let one_line: String = message
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
@@ -851,7 +851,7 @@ fn sanitize(message: &str) -> String {
         .collect()
 }
 
-async fn decode(
+pub(super) async fn decode(
     trigger: &TriggerRuntime,
     msg: &OwnedMessage,
 ) -> Result<(Decoded, Decoded), (Field, DecodeError)> {

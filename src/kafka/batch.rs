@@ -1,0 +1,213 @@
+//! Batch triggers, the pure part: when a partition's waiting records go out as one batch and
+//! how many, the batch's idempotency key, which records of a partly failed batch are sent
+//! again, and how a rejected batch is bisected. No I/O and no clock of its own; the partition
+//! set and the batch worker apply it.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::BatchConfig;
+
+/// A trigger's batch bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Records per batch at most (at least 1).
+    pub max_records: usize,
+    /// Key and value bytes per batch at most; a record larger than this goes alone.
+    pub max_bytes: usize,
+    /// How long the first waiting record waits for more.
+    pub max_wait: Duration,
+}
+
+impl From<&BatchConfig> for BatchLimits {
+    fn from(c: &BatchConfig) -> Self {
+        Self {
+            max_records: c.max_records.max(1),
+            max_bytes: c.max_bytes.max(1),
+            max_wait: Duration::from_millis(c.max_wait_ms),
+        }
+    }
+}
+
+impl BatchLimits {
+    /// Whether the waiting records (`waiting` of them, `bytes` of keys and values, the first
+    /// waiting since `since`) should go out now. `flush`: the partition is being drained.
+    pub fn due(
+        &self,
+        waiting: usize,
+        bytes: usize,
+        since: Option<Instant>,
+        now: Instant,
+        flush: bool,
+    ) -> bool {
+        waiting > 0
+            && (flush
+                || waiting >= self.max_records
+                || bytes >= self.max_bytes
+                || since.is_some_and(|s| now.saturating_duration_since(s) >= self.max_wait))
+    }
+
+    /// How many records from the front of `sizes` (each record's key and value bytes) form
+    /// the next batch: up to `max_records`, and as long as their bytes stay within
+    /// `max_bytes`; always at least one when there is one.
+    pub fn take(&self, sizes: impl IntoIterator<Item = usize>) -> usize {
+        let mut n = 0;
+        let mut bytes = 0usize;
+        for size in sizes {
+            if n == self.max_records || (n > 0 && bytes + size > self.max_bytes) {
+                break;
+            }
+            n += 1;
+            bytes += size;
+        }
+        n
+    }
+}
+
+/// The idempotency key of a batch: the partition, its first and last offsets, and how many
+/// records it holds (a retried part of a batch can have the first and last offsets of the
+/// whole, never its count).
+pub fn idempotency_key(
+    group: &str,
+    topic: &str,
+    partition: i32,
+    first: i64,
+    last: i64,
+    count: usize,
+) -> String {
+    format!("kafka:{group}:{topic}:{partition}:{first}-{last}:{count}")
+}
+
+/// After a 2xx answer naming `failed` event ids: which records (indices into `records`, each
+/// an id and a key, in offset order) are sent again. Those named, and every later record of
+/// their keys (so a key's records keep their order); the others are accepted. Ids the batch
+/// does not hold are ignored.
+pub fn to_retry<K: Eq + std::hash::Hash>(records: &[(&str, K)], failed: &[String]) -> Vec<usize> {
+    if failed.is_empty() {
+        return Vec::new();
+    }
+    let failed: HashSet<&str> = failed.iter().map(String::as_str).collect();
+    let mut parked: HashSet<&K> = HashSet::new();
+    let mut out = Vec::new();
+    for (i, (id, key)) in records.iter().enumerate() {
+        if failed.contains(id) || parked.contains(key) {
+            let _ = parked.insert(key);
+            out.push(i);
+        }
+    }
+    out
+}
+
+/// The dispatcher's partial-failure answer: `{"failed": ["<event id>", …]}`. Any other 2xx
+/// body (empty, not JSON, without `failed`) accepts the whole batch.
+pub fn failed_ids(body: &[u8]) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        #[serde(default)]
+        failed: Vec<String>,
+    }
+    serde_json::from_slice::<Answer>(body)
+        .map(|a| a.failed)
+        .unwrap_or_default()
+}
+
+/// Splits a rejected batch (a list of record indices) in two halves, the earlier offsets
+/// first; None for a single record, which is the offending one.
+pub fn bisect(records: &[usize]) -> Option<(Vec<usize>, Vec<usize>)> {
+    if records.len() < 2 {
+        return None;
+    }
+    let mid = records.len() / 2;
+    Some((records[..mid].to_vec(), records[mid..].to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: BatchLimits = BatchLimits {
+        max_records: 3,
+        max_bytes: 100,
+        max_wait: Duration::from_millis(1000),
+    };
+
+    #[test]
+    fn a_batch_is_due_at_each_bound_or_when_draining() {
+        let t0 = Instant::now();
+        let later = |ms| t0 + Duration::from_millis(ms);
+        assert!(!LIMITS.due(0, 0, None, t0, true), "nothing waiting");
+        assert!(!LIMITS.due(2, 50, Some(t0), later(999), false));
+        assert!(LIMITS.due(3, 50, Some(t0), t0, false), "max_records");
+        assert!(LIMITS.due(1, 100, Some(t0), t0, false), "max_bytes");
+        assert!(LIMITS.due(1, 1, Some(t0), later(1000), false), "max_wait");
+        assert!(LIMITS.due(1, 1, Some(t0), t0, true), "drain");
+    }
+
+    #[test]
+    fn a_batch_takes_records_up_to_each_bound_and_never_none() {
+        assert_eq!(LIMITS.take([10, 10, 10, 10]), 3);
+        assert_eq!(LIMITS.take([60, 40, 1]), 2);
+        assert_eq!(LIMITS.take([60, 41]), 1);
+        assert_eq!(LIMITS.take([500, 1]), 1, "an oversized record goes alone");
+        assert_eq!(LIMITS.take([]), 0);
+    }
+
+    #[test]
+    fn batch_keys_differ_for_every_part_of_a_batch() {
+        let whole = idempotency_key("g", "t", 0, 3, 7, 3);
+        let part = idempotency_key("g", "t", 0, 3, 7, 2);
+        assert_eq!(whole, "kafka:g:t:0:3-7:3");
+        assert_ne!(whole, part);
+    }
+
+    #[test]
+    fn a_partial_failure_retries_the_failed_records_and_later_ones_of_their_keys() {
+        let records = [
+            ("a0", "a"),
+            ("b1", "b"),
+            ("a2", "a"),
+            ("c3", "c"),
+            ("b4", "b"),
+            ("c5", "c"),
+        ];
+        // b1 failed: b4 waits for it. c5 failed alone. a is accepted.
+        let failed = vec!["b1".to_owned(), "c5".to_owned(), "unknown".to_owned()];
+        assert_eq!(to_retry(&records, &failed), vec![1, 4, 5]);
+        assert!(to_retry(&records, &[]).is_empty());
+        // A failed record's earlier records of its key are accepted.
+        assert_eq!(to_retry(&records, &["a2".to_owned()]), vec![2]);
+    }
+
+    #[test]
+    fn only_a_failed_list_is_a_partial_failure() {
+        assert_eq!(failed_ids(br#"{"failed": ["x", "y"]}"#), vec!["x", "y"]);
+        assert!(failed_ids(br#"{"failed": []}"#).is_empty());
+        assert!(failed_ids(b"").is_empty());
+        assert!(failed_ids(br#"{"run": "r1"}"#).is_empty());
+        assert!(failed_ids(b"accepted").is_empty());
+    }
+
+    #[test]
+    fn bisection_isolates_one_record_in_log_steps() {
+        let all: Vec<usize> = (0..500).collect();
+        let poison = 377;
+        // Follow the half holding the poison record, as the worker does with 4xx answers.
+        let mut batch = all;
+        let mut requests = 1;
+        while let Some((first, second)) = bisect(&batch) {
+            assert_eq!(first.len() + second.len(), batch.len());
+            assert!(first.last() < second.first(), "earlier offsets first");
+            batch = if first.contains(&poison) {
+                first
+            } else {
+                second
+            };
+            requests += 1;
+        }
+        assert_eq!(batch, vec![poison]);
+        assert!(requests <= 10, "{requests}");
+        assert!(bisect(&[4]).is_none());
+    }
+}
