@@ -1,6 +1,9 @@
 //! A local run dispatcher for the quick start and the tests: accepts runs, prints one line per
 //! run, remembers idempotency keys (answering 409 to a repeat), and injects faults on request:
 //! latency, a share of failures, failures for given idempotency keys, or every request.
+//! A batch (a batch trigger's `{"events": [...]}`, or a CloudEvents structured batch) is a run
+//! per event, by the event's `id`; given events can be reported failed (`{"failed": [...]}`)
+//! or make the batch rejected (422).
 //! [`bench`] is its measuring mode for `scripts/bench`.
 
 pub mod bench;
@@ -36,6 +39,13 @@ pub struct Faults {
     /// Per idempotency key, the statuses to answer its first attempts with, in order (then
     /// it is accepted).
     pub scripted: HashMap<String, Vec<u16>>,
+    /// Batches: event ids answered as failed (`{"failed": [...]}` with a 202) this many times
+    /// before they are accepted. Like a dispatcher that keeps key order, the later events of
+    /// a failed event's key in that batch are not started either (nor named): the connector
+    /// sends them again.
+    pub fail_events: HashMap<String, u32>,
+    /// Batches: event ids that make a batch holding them rejected with 422.
+    pub reject_events: HashSet<String>,
 }
 
 impl Default for Faults {
@@ -48,6 +58,8 @@ impl Default for Faults {
             fail_keys: HashSet::new(),
             fail_all: None,
             scripted: HashMap::new(),
+            fail_events: HashMap::new(),
+            reject_events: HashSet::new(),
         }
     }
 }
@@ -67,11 +79,29 @@ pub struct AcceptedRun {
     pub accepted_at: std::time::Instant,
 }
 
+/// One batch request, whatever it was answered.
+#[derive(Clone, Debug)]
+pub struct BatchSeen {
+    /// The Idempotency-Key header.
+    pub idempotency_key: String,
+    /// Its events' ids, in order.
+    pub ids: Vec<String>,
+    /// Its events' partitions and offsets, in order.
+    pub offsets: Vec<(i64, i64)>,
+    /// The status answered.
+    pub status: u16,
+    /// When it arrived.
+    pub arrived_at: std::time::Instant,
+}
+
 #[derive(Default)]
 struct Inner {
+    batches: Vec<BatchSeen>,
     runs: Vec<AcceptedRun>,
     accepted_keys: HashMap<String, usize>,
     repeated_keys: Vec<String>,
+    /// Batches: how often each event was answered as failed.
+    failed_events: HashMap<String, u32>,
     attempts: HashMap<String, Vec<(std::time::Instant, u16)>>,
 }
 
@@ -149,6 +179,17 @@ impl DevDispatcher {
             .unwrap_or_else(|p| p.into_inner())
             .runs
             .len()
+    }
+
+    /// Batch requests, in arrival order (with injected failures, only those that reached the
+    /// batch's events).
+    pub fn batches(&self) -> Vec<BatchSeen> {
+        self.state
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .batches
+            .clone()
     }
 
     /// Requests for an idempotency key that had already been accepted.
@@ -262,6 +303,24 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
     let Ok(event) = serde_json::from_slice::<serde_json::Value>(body) else {
         return (StatusCode::BAD_REQUEST, "body is not JSON").into_response();
     };
+    let events = match &event {
+        serde_json::Value::Array(events) => Some(events.clone()),
+        serde_json::Value::Object(o) => match o.get("events") {
+            Some(serde_json::Value::Array(events)) => Some(events.clone()),
+            _ => None,
+        },
+        _ => None,
+    };
+    if let Some(events) = events {
+        return respond_batch(
+            state,
+            &faults,
+            key,
+            events,
+            header("traceparent"),
+            header("authorization"),
+        );
+    }
     let mut inner = state.inner.lock().unwrap_or_else(|p| p.into_inner());
     let count = inner.accepted_keys.entry(key.clone()).or_default();
     *count += 1;
@@ -289,6 +348,109 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
         accepted_at: std::time::Instant::now(),
     });
     (StatusCode::ACCEPTED, "accepted").into_response()
+}
+
+/// A batch: each event is a run of its own, by its `id`.
+fn respond_batch(
+    state: &DevState,
+    faults: &Faults,
+    key: String,
+    events: Vec<serde_json::Value>,
+    traceparent: Option<String>,
+    authorization: Option<String>,
+) -> Response {
+    let id_of = |e: &serde_json::Value| e["id"].as_str().unwrap_or_default().to_owned();
+    let ids: Vec<String> = events.iter().map(id_of).collect();
+    let offsets = events
+        .iter()
+        .map(|e| {
+            let number = |v: &serde_json::Value| {
+                v.as_i64()
+                    .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+                    .unwrap_or(-1)
+            };
+            if e.get("offset").is_some() {
+                (number(&e["partition"]), number(&e["offset"]))
+            } else {
+                (number(&e["kafkapartition"]), number(&e["kafkaoffset"]))
+            }
+        })
+        .collect();
+    let mut inner = state.inner.lock().unwrap_or_else(|p| p.into_inner());
+    let mut seen = BatchSeen {
+        idempotency_key: key,
+        ids: ids.clone(),
+        offsets,
+        status: 202,
+        arrived_at: std::time::Instant::now(),
+    };
+    if ids.iter().any(|id| faults.reject_events.contains(id)) {
+        seen.status = 422;
+        inner.batches.push(seen);
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the batch holds a rejected event",
+        )
+            .into_response();
+    }
+    inner.batches.push(seen);
+    let mut failed = Vec::new();
+    let mut held_keys: HashSet<String> = HashSet::new();
+    for (event, id) in events.into_iter().zip(ids) {
+        let event_key = if event.get("offset").is_some() {
+            event["key"].to_string()
+        } else {
+            event["partitionkey"].to_string()
+        };
+        if held_keys.contains(&event_key) {
+            continue;
+        }
+        let seen_failures = inner.failed_events.get(&id).copied().unwrap_or(0);
+        if faults
+            .fail_events
+            .get(&id)
+            .is_some_and(|n| seen_failures < *n)
+        {
+            let _ = inner.failed_events.insert(id.clone(), seen_failures + 1);
+            failed.push(id);
+            let _ = held_keys.insert(event_key);
+            continue;
+        }
+        let count = inner.accepted_keys.entry(id.clone()).or_default();
+        *count += 1;
+        if *count > 1 {
+            let _ = state.repeats.fetch_add(1, Ordering::SeqCst);
+            inner.repeated_keys.push(id);
+            continue;
+        }
+        if state.print {
+            println!(
+                "run accepted (batch) workflow={} topic={} partition={} offset={} key={} value={}",
+                event["workflow"].as_str().unwrap_or("?"),
+                event["topic"].as_str().unwrap_or("?"),
+                event["partition"],
+                event["offset"],
+                event["key"],
+                event["value"]
+            );
+        }
+        inner.runs.push(AcceptedRun {
+            idempotency_key: id,
+            event,
+            traceparent: traceparent.clone(),
+            authorization: authorization.clone(),
+            accepted_at: std::time::Instant::now(),
+        });
+    }
+    if failed.is_empty() {
+        (StatusCode::ACCEPTED, "accepted").into_response()
+    } else {
+        (
+            StatusCode::ACCEPTED,
+            axum::Json(serde_json::json!({ "failed": failed })),
+        )
+            .into_response()
+    }
 }
 
 /// Serves `app` on `listener` in the background until `shutdown` fires.

@@ -10,7 +10,9 @@
 //! - `GET /stats/sample`: the headers and body of the first request since the last reset, so
 //!   that `wrk` can POST the very event the connector sends.
 //!
-//! Any other request is a run. The per-request work is a few atomic adds, one small JSON scan
+//! Any other request is a run, or a batch of runs (a batch trigger's `{"events": [...]}`):
+//! each event of a batch counts as a run, with its own `id` for duplicates and its own key
+//! and offset for the order check. The per-request work is a few atomic adds, one small JSON scan
 //! of the body without allocation (only `topic`, `partition`, `offset`, `timestamp_ms` and a
 //! string `key` are read) and two short hash-set lookups under sharded locks, so the dispatcher
 //! stays well above what it measures: `wrk` against it gives the ceiling.
@@ -38,7 +40,7 @@ use super::InFlight;
 /// Lock shards of the duplicate and order maps.
 const SHARDS: usize = 16;
 /// Largest request body read.
-const MAX_BODY: usize = 4 << 20;
+const MAX_BODY: usize = 32 << 20;
 
 /// A measuring dispatcher bound to a local address.
 pub struct BenchDispatcher {
@@ -200,6 +202,28 @@ impl BenchState {
     }
 }
 
+impl BenchState {
+    /// Records one event's latency and checks its key order.
+    fn observe(&self, event: &EventView, arrived: u64) {
+        if let Some(ts) = event.timestamp_ms {
+            let ts_us = u64::try_from(ts).unwrap_or(0).saturating_mul(1000);
+            self.latency.record(arrived.saturating_sub(ts_us));
+        }
+        if let (Some(topic), Some(key)) = (event.topic.0, event.key.0) {
+            let slot = hash_of((topic, event.partition, key));
+            let mut last = lock(&self.last_offset[slot as usize % SHARDS]);
+            let previous = last.entry(slot).or_insert(i64::MIN);
+            if event.offset <= *previous {
+                let _ = self.order_violations.fetch_add(1, Relaxed);
+            } else {
+                *previous = event.offset;
+            }
+            drop(last);
+            let _ = self.order_checked.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -235,6 +259,12 @@ async fn sample(State(state): State<Arc<BenchState>>) -> Response {
 /// into values.
 #[derive(Deserialize)]
 struct EventView {
+    /// The event's own idempotency key (`id`), for the events of a batch.
+    #[serde(default)]
+    id: KeyHash,
+    /// A batch's events (absent for a single run).
+    #[serde(default)]
+    events: Option<Vec<EventView>>,
     #[serde(default)]
     topic: KeyHash,
     #[serde(default)]
@@ -318,7 +348,8 @@ async fn run(State(state): State<Arc<BenchState>>, request: Request) -> Response
         return (StatusCode::BAD_REQUEST, "body is not an event").into_response();
     };
     let id = hash_of(id.as_bytes());
-    if !lock(&state.seen[id as usize % SHARDS]).insert(id) {
+    let batch = event.events.is_some();
+    if !batch && !lock(&state.seen[id as usize % SHARDS]).insert(id) {
         let _ = state.duplicates.fetch_add(1, Relaxed);
         return (StatusCode::CONFLICT, "already accepted").into_response();
     }
@@ -340,21 +371,26 @@ async fn run(State(state): State<Arc<BenchState>>, request: Request) -> Response
             "body": String::from_utf8_lossy(&body),
         }));
     }
-    if let Some(ts) = event.timestamp_ms {
-        let ts_us = u64::try_from(ts).unwrap_or(0).saturating_mul(1000);
-        state.latency.record(arrived.saturating_sub(ts_us));
-    }
-    if let (Some(topic), Some(key)) = (event.topic.0, event.key.0) {
-        let slot = hash_of((topic, event.partition, key));
-        let mut last = lock(&state.last_offset[slot as usize % SHARDS]);
-        let previous = last.entry(slot).or_insert(i64::MIN);
-        if event.offset <= *previous {
-            let _ = state.order_violations.fetch_add(1, Relaxed);
-        } else {
-            *previous = event.offset;
+    // A batch's events are runs of their own: each is counted, checked for a duplicate
+    // (by its `id`; a repeated one is counted and not run again) and for key order.
+    let mut runs = 0u64;
+    match &event.events {
+        Some(events) => {
+            for e in events {
+                if let Some(eid) = e.id.0 {
+                    if !lock(&state.seen[eid as usize % SHARDS]).insert(eid) {
+                        let _ = state.duplicates.fetch_add(1, Relaxed);
+                        continue;
+                    }
+                }
+                state.observe(e, arrived);
+                runs += 1;
+            }
         }
-        drop(last);
-        let _ = state.order_checked.fetch_add(1, Relaxed);
+        None => {
+            state.observe(&event, arrived);
+            runs = 1;
+        }
     }
     let _ = state.first_arrival_us.fetch_min(arrived, Relaxed);
     let _ = state.last_arrival_us.fetch_max(arrived, Relaxed);
@@ -364,7 +400,7 @@ async fn run(State(state): State<Arc<BenchState>>, request: Request) -> Response
             .held_us
             .fetch_add(arrived_at.elapsed().as_micros() as u64, Relaxed);
     }
-    let _ = state.runs.fetch_add(1, Relaxed);
+    let _ = state.runs.fetch_add(runs, Relaxed);
     drop(in_flight);
     StatusCode::ACCEPTED.into_response()
 }
@@ -655,6 +691,31 @@ mod tests {
         assert_eq!(before["runs"], 5);
         assert_eq!(d.stats()["runs"], 0);
         assert_eq!(status(post("a", 5, json!("k1")).await), 202);
+        // A batch: each event is a run, with its own id and key order; an event already
+        // accepted is a duplicate.
+        let event = |id: &str, offset: i64, key: &str| {
+            json!({"id": id, "topic": "t", "partition": 1, "offset": offset, "key": key,
+                   "timestamp_ms": now_ms, "value": {"i": offset}})
+        };
+        let batch = json!({"id": "kafka:g:t:1:10-12:3", "topic": "t", "partition": 1,
+            "events": [event("x10", 10, "k2"), event("x11", 11, "k3"), event("x12", 12, "k2")]});
+        let sent = |body: Value| {
+            client
+                .post(d.url())
+                .header("idempotency-key", body["id"].as_str().unwrap().to_owned())
+                .body(body.to_string())
+                .send()
+        };
+        assert_eq!(status(sent(batch.clone()).await), 202);
+        let again = json!({"id": "kafka:g:t:1:12-13:2", "topic": "t", "partition": 1,
+            "events": [event("x12", 12, "k2"), event("x13", 13, "k2")]});
+        assert_eq!(status(sent(again).await), 202);
+        let s = d.stats();
+        assert_eq!(s["requests"], 3);
+        assert_eq!(s["runs"], 1 + 3 + 1);
+        assert_eq!(s["duplicates"], 1);
+        assert_eq!(s["order_violations"], 0);
+        assert_eq!(s["order_checked"], 1 + 3 + 1);
         token.cancel();
     }
 

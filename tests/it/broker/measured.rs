@@ -452,7 +452,7 @@ const RECENT_AT_A_CRASH: Duration = Duration::from_secs(2);
 
 /// Runs the dispatcher accepted that the group's commits (offset and `tk1` metadata) do not
 /// cover, by idempotency key, with when each was accepted.
-fn accepted_not_covered(
+pub(super) fn accepted_not_covered(
     d: &tessel_kafka::cli::dev_dispatcher::DevDispatcher,
     commits: &[(i64, String)],
 ) -> std::collections::HashMap<String, Instant> {

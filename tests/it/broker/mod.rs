@@ -1,5 +1,6 @@
 //! Tests against the real broker and registry (feature `kafka-integration-tests`).
 
+mod batches;
 mod demo;
 mod failures;
 mod hostile;

@@ -232,10 +232,10 @@ async fn old_records_are_skipped_or_dead_lettered_with_their_age_and_fresh_ones_
 }
 
 /// Requests as they arrived: lowercase header names and values, and the body.
-type Recorded = Arc<Mutex<Vec<(BTreeMap<String, String>, Vec<u8>)>>>;
+pub(super) type Recorded = Arc<Mutex<Vec<(BTreeMap<String, String>, Vec<u8>)>>>;
 
 /// An HTTP endpoint that records every request and answers 202.
-async fn recording_sink() -> (String, Recorded) {
+pub(super) async fn recording_sink() -> (String, Recorded) {
     async fn record(State(seen): State<Recorded>, headers: HeaderMap, body: Bytes) -> StatusCode {
         let headers = headers
             .iter()
@@ -259,7 +259,7 @@ async fn recording_sink() -> (String, Recorded) {
     (url, seen)
 }
 
-const ORDER_AVRO: &str = r#"{"type":"record","name":"Order","namespace":"it.ce","fields":[
+pub(super) const ORDER_AVRO: &str = r#"{"type":"record","name":"Order","namespace":"it.ce","fields":[
  {"name":"order_id","type":"string"},{"name":"amount","type":"double"},
  {"name":"tags","type":{"type":"array","items":"string"}}]}"#;
 
