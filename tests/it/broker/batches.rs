@@ -542,3 +542,59 @@ async fn a_cloudevents_trigger_sends_structured_batches_an_sdk_reads() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_batch_body_is_the_documented_json() {
+    let topic = unique("batch-schema");
+    create_topic(&topic, 1).await;
+    let records: Vec<Value> = (0..6)
+        .map(|i| {
+            json!({"key": format!("k{}", i % 2), "value": {"i": i, "name": format!("n{i}")},
+                   "headers": [["source", "checkout"]]})
+        })
+        .collect();
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"},
+        "value": {"format": "json"}, "steps": [{"txn": null, "records": records}]
+    }))
+    .await;
+    let (url, seen) = super::triggers::recording_sink().await;
+    let group = unique("batch-schema-group");
+    let toml = connection_toml(
+        &group,
+        &topic,
+        &url,
+        "batch = { max_records = 4, max_wait_ms = 300 }\n",
+    );
+    let connector = super::Connector::start(&toml);
+    wait_committed_to_end(&group, &topic, 1).await;
+    connector.stop().await;
+
+    let validator = super::pipeline::event_validator();
+    let requests = seen.lock().unwrap().clone();
+    let mut offsets = Vec::new();
+    for (headers, body) in &requests {
+        assert_eq!(headers["content-type"], "application/json");
+        let batch: Value = serde_json::from_slice(body).expect("JSON");
+        super::pipeline::assert_valid_event(&validator, &batch);
+        assert_eq!(headers["idempotency-key"], batch["id"].as_str().unwrap());
+        let events = batch["events"].as_array().expect("events");
+        assert!(events.len() <= 4);
+        assert_eq!(batch["count"], events.len());
+        assert_eq!(batch["first_offset"], events[0]["offset"]);
+        assert_eq!(batch["last_offset"], events[events.len() - 1]["offset"]);
+        for e in events {
+            // Each event validates on its own too, with the record's own id.
+            super::pipeline::assert_valid_event(&validator, e);
+            let offset = e["offset"].as_i64().unwrap();
+            assert_eq!(e["id"], json!(event_id(&group, &topic, 0, offset)));
+            assert_eq!(e["value"]["i"], offset);
+            offsets.push(offset);
+        }
+    }
+    assert_eq!(
+        offsets,
+        (0..6).collect::<Vec<i64>>(),
+        "every record once, in order"
+    );
+}

@@ -52,14 +52,14 @@ message Shipment {
 const PING_JSON_SCHEMA: &str = r#"{"$schema":"http://json-schema.org/draft-07/schema#","title":"Ping","type":"object",
  "properties":{"n":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"}}},"required":["n"]}"#;
 
-fn event_validator() -> jsonschema::Validator {
+pub(super) fn event_validator() -> jsonschema::Validator {
     let text = std::fs::read_to_string(crate::support::repo().join("docs/event.schema.json"))
         .expect("schema file");
     let schema: Value = serde_json::from_str(&text).expect("schema json");
     jsonschema::validator_for(&schema).expect("valid JSON Schema")
 }
 
-fn assert_valid_event(v: &jsonschema::Validator, event: &Value) {
+pub(super) fn assert_valid_event(v: &jsonschema::Validator, event: &Value) {
     let errors: Vec<String> = v
         .iter_errors(event)
         .map(|e| format!("{} at {}", e, e.instance_path))
