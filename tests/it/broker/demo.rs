@@ -39,6 +39,40 @@ async fn demo_script_shows_runs_starting() {
     assert!(stdout.contains("OK: 12 orders started 12 runs"));
 }
 
+#[tokio::test]
+async fn demo_script_with_batches_shows_every_order_of_each_batch() {
+    let out = tokio::task::spawn_blocking(|| {
+        Command::new(repo().join("scripts/demo"))
+            .args(["--check", "--batch"])
+            .env("TESSEL_KAFKA_BIN", binary())
+            .env(
+                "DEMO_DISPATCHER_PORT",
+                crate::support::free_port().to_string(),
+            )
+            .env("DEMO_ADMIN_PORT", crate::support::free_port().to_string())
+            .env("DEMO_COUNT", "25")
+            .output()
+            .expect("run scripts/demo --batch")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "scripts/demo --batch failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("run accepted (batch) workflow=process-order"))
+            .count(),
+        25,
+        "{stdout}"
+    );
+    assert!(stdout.contains("OK: 25 orders started 25 runs"));
+}
+
 /// The commands of README's quick start, verbatim: the first `sh` block under "Quick start".
 fn readme_quick_start() -> Vec<String> {
     let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
