@@ -120,7 +120,9 @@ impl<Y: Fn()> Batch<'_, Y> {
         let mut transient = 0u32;
         let mut total = 0u32;
         while let Some(group) = stack.last() {
-            if self.drain.is_cancelled() {
+            // Draining (revoke, shutdown): no further attempt; a batch flushed by the drain
+            // itself still makes its first.
+            if self.drain.is_cancelled() && total > 0 {
                 return Err(Abandon);
             }
             self.wait_for_turn().await?;

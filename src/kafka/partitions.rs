@@ -486,6 +486,50 @@ impl<T: Clone> PartitionSet<T> {
         self.holding = holding;
     }
 
+    /// Batch triggers: before `tps` (None: every partition) are revoked or drained, each of
+    /// their partitions with records waiting for a batch and none out starts that batch at
+    /// once (one, within the batch bounds), if a permit is free and runs may start. Its worker
+    /// makes one attempt (the partition's drain stops retries); what it does not get accepted
+    /// is not committed. Records beyond it are then dropped with the other waiting ones.
+    pub fn flush_batches(&mut self, tps: Option<&[TopicPartition]>, out: &mut Actions<T>) {
+        if self.holding {
+            return;
+        }
+        let ids: Vec<PartitionId> = match tps {
+            Some(tps) => tps
+                .iter()
+                .filter_map(|tp| self.id_of(&tp.topic, tp.partition))
+                .collect(),
+            None => (0..self.slots.len() as u32).map(PartitionId).collect(),
+        };
+        let now = Instant::now();
+        for id in ids {
+            let Some(Some(p)) = self.slots.get_mut(id.0 as usize) else {
+                continue;
+            };
+            let Some(limits) = p.trigger.batch else {
+                continue;
+            };
+            if p.revoking {
+                continue;
+            }
+            // Due now, whatever the bounds say.
+            let flush = BatchLimits {
+                max_wait: std::time::Duration::ZERO,
+                ..limits
+            };
+            let _ = start_batch(
+                p,
+                id,
+                flush,
+                now,
+                &mut self.buffered_bytes,
+                &mut self.batch_timers,
+                out,
+            );
+        }
+    }
+
     /// `tps` are being revoked (or were `lost`): waiting messages are dropped (the next owner
     /// reads them again), retries stop, and with a lost assignment attempts in progress are
     /// abandoned. Nothing of them starts any more.
@@ -1140,6 +1184,52 @@ mod tests {
         let out = process(&mut s);
         assert_eq!(out.resume, vec![tp(0)]);
         assert_eq!(out.starts.len(), 1);
+    }
+
+    #[test]
+    fn a_waiting_batch_goes_out_at_once_when_its_partition_is_revoked() {
+        let mut s = set(100, 1 << 20);
+        s.assign(
+            assigned(0, Some(0), ""),
+            batch_trigger(8, 10, 1 << 20),
+            Instant::now(),
+        );
+        s.assign(
+            assigned(1, Some(0), ""),
+            batch_trigger(8, 10, 1 << 20),
+            Instant::now(),
+        );
+        for o in 0..3 {
+            let _ = s.on_message(msg(0, o, "k"));
+            let _ = s.on_message(msg(1, o, "k"));
+        }
+        // Below every bound: nothing goes out yet.
+        assert!(process(&mut s).starts.is_empty());
+        let mut out = Actions::default();
+        s.flush_batches(Some(&[tp(0)]), &mut out);
+        assert_eq!(out.starts.len(), 1, "only the revoked partition");
+        let b = out.starts.pop().unwrap();
+        assert_eq!(offsets_of(&b), vec![0, 1, 2]);
+        s.begin_revoke(&[tp(0)], false);
+        let _ = s.on_batch_completion(b.id, b.generation, &[(0, true), (1, true), (2, true)]);
+        assert_eq!(s.final_commit(&tp(0)).unwrap().0, 3);
+        // A partition with a batch out flushes nothing more; neither does a holding set.
+        let mut s2 = set(100, 1 << 20);
+        s2.assign(
+            assigned(0, Some(0), ""),
+            batch_trigger(8, 2, 1 << 20),
+            Instant::now(),
+        );
+        for o in 0..3 {
+            let _ = s2.on_message(msg(0, o, "k"));
+        }
+        assert_eq!(process(&mut s2).starts.len(), 1);
+        let mut out = Actions::default();
+        s2.flush_batches(None, &mut out);
+        assert!(out.starts.is_empty());
+        s.set_holding(true);
+        s.flush_batches(None, &mut out);
+        assert!(out.starts.is_empty());
     }
 
     fn batch_trigger(

@@ -550,6 +550,10 @@ impl ConnectionSupervisor {
     ) {
         metrics::rebalance(&self.name, if lost { "lost" } else { "revoke" });
         tracing::info!(connection = %self.name, partitions = partitions.len(), lost, "partitions revoked");
+        // A batch waiting for its bounds goes out now, before the drain.
+        if !lost {
+            self.flush_batches(Some(&partitions));
+        }
         // Waiting messages will be read again by the next owner.
         self.partitions.begin_revoke(&partitions, lost);
         let deadline = Instant::now() + Duration::from_millis(self.config.drain_timeout_ms);
@@ -728,6 +732,20 @@ impl ConnectionSupervisor {
                 ..completion
             }));
         }));
+    }
+
+    /// Starts the batches of `tps` (None: all) waiting for their bounds, before a revoke or
+    /// the shutdown drains them.
+    fn flush_batches(&mut self, tps: Option<&[TopicPartition]>) {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.partitions.flush_batches(tps, &mut actions);
+        if !actions.starts.is_empty() {
+            tracing::info!(connection = %self.name, batches = actions.starts.len(), "sending the batches waiting in partitions being drained");
+        }
+        for start in actions.starts.drain(..) {
+            self.spawn_run(start);
+        }
+        self.actions = actions;
     }
 
     /// Starts one batch on the runtime.
@@ -951,6 +969,7 @@ impl ConnectionSupervisor {
             .await;
         }
         tracing::info!(connection = %self.name, "stopping: draining runs in flight");
+        self.flush_batches(None);
         self.partitions.drain_all();
         let deadline = Instant::now() + Duration::from_millis(self.config.drain_timeout_ms);
         loop {

@@ -598,3 +598,78 @@ async fn a_batch_body_is_the_documented_json() {
         "every record once, in order"
     );
 }
+
+/// Produces 25 records `{"i": i}` into each of `partitions` partitions of `topic`.
+async fn produce_25_per_partition(topic: &str, partitions: i32) {
+    let records: Vec<Value> = (0..partitions)
+        .flat_map(|p| {
+            (0..25).map(move |o| json!({"key": format!("k{}", o % 4), "partition": p, "value": {"i": p * 25 + o}}))
+        })
+        .collect();
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"},
+        "value": {"format": "json"}, "kafka": {"linger.ms": 50},
+        "steps": [{"txn": null, "records": records}]
+    }))
+    .await;
+}
+
+#[tokio::test]
+async fn a_waiting_batch_goes_out_when_the_connector_stops_and_is_committed() {
+    let topic = unique("batch-stop");
+    create_topic(&topic, 1).await;
+    produce_25_per_partition(&topic, 1).await;
+    let d = dispatcher(Faults::default()).await;
+    let group = unique("batch-stop-group");
+    // The 5 records after the first batch of 20 would wait a minute for more.
+    let toml = connection_toml(
+        &group,
+        &topic,
+        &d.url(),
+        "batch = { max_records = 20, max_wait_ms = 60000 }\n",
+    );
+    let connector = super::Connector::start(&toml);
+    wait_for("the first batch committed", Duration::from_secs(60), || {
+        (committed(&group, &topic, 1) == vec![20]).then_some(())
+    })
+    .await;
+    connector.stop().await;
+    // The stop sent the waiting five at once, and committed them once accepted.
+    assert_eq!(committed(&group, &topic, 1), vec![25]);
+    assert_all_once(&d, 25);
+    let sizes: Vec<usize> = d.batches().iter().map(|b| b.ids.len()).collect();
+    assert_eq!(sizes, vec![20, 5]);
+}
+
+#[tokio::test]
+async fn a_waiting_batch_goes_out_when_its_partition_is_revoked_and_is_committed() {
+    let topic = unique("batch-revoke");
+    create_topic(&topic, 2).await;
+    produce_25_per_partition(&topic, 2).await;
+    let d = dispatcher(Faults::default()).await;
+    let group = unique("batch-revoke-group");
+    let toml = connection_toml(
+        &group,
+        &topic,
+        &d.url(),
+        "batch = { max_records = 20, max_wait_ms = 60000 }\n",
+    );
+    let first = super::Connector::start(&toml);
+    wait_for(
+        "the first batches committed",
+        Duration::from_secs(60),
+        || (committed(&group, &topic, 2) == vec![20, 20]).then_some(()),
+    )
+    .await;
+    // A second member joins: the first revokes its partitions (eager assignment), sending
+    // each partition's waiting five at once. Without that, they would wait max_wait_ms (a
+    // minute) at the next owner, longer than this waits.
+    let second = super::Connector::start(&toml);
+    wait_for("every record committed", Duration::from_secs(30), || {
+        (committed(&group, &topic, 2) == vec![25, 25]).then_some(())
+    })
+    .await;
+    second.stop().await;
+    first.stop().await;
+    assert_all_once(&d, 50);
+}
