@@ -439,7 +439,7 @@ async fn a_cloudevents_trigger_sends_structured_batches_an_sdk_reads() {
     let ts = 1_700_000_000_123i64;
     let records: Vec<Value> = (0..12)
         .map(|i| {
-            json!({"key": format!("k{}", i % 3), "partition": (i % 2) as i32, "timestamp_ms": ts + i as i64,
+            json!({"key": format!("k{}", i % 3), "partition": i % 2, "timestamp_ms": ts + i as i64,
                    "value": {"order_id": format!("o-{i}"), "amount": 10.5 * i as f64, "tags": ["a"]}})
         })
         .collect();
