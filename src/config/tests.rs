@@ -529,3 +529,44 @@ fn record_age_and_envelope_defaults_and_rules() {
     assert!(c.connections["orders"].triggers["fraud"].dead_letters());
     assert!(c.connections["orders"].dead_letters());
 }
+
+#[test]
+fn batch_defaults_and_rules() {
+    let c = load(MINIMAL).unwrap();
+    assert_eq!(c.connections["orders"].triggers["fraud"].batch, None);
+    let with = |batch: &str| {
+        MINIMAL.replace(
+            "workflow = \"fraud-check\"",
+            &format!("workflow = \"fraud-check\"\n{batch}"),
+        )
+    };
+    let c = load(&with("batch = {}")).unwrap();
+    assert_eq!(
+        c.connections["orders"].triggers["fraud"].batch,
+        Some(crate::config::BatchConfig {
+            max_records: 500,
+            max_bytes: 1 << 20,
+            max_wait_ms: 1000
+        })
+    );
+    for (bad, key) in [
+        ("batch = { max_records = 0 }", "triggers.fraud.batch"),
+        ("batch = { max_bytes = 0 }", "triggers.fraud.batch"),
+        (
+            "batch = { max_wait_ms = 3600001 }",
+            "triggers.fraud.batch.max_wait_ms",
+        ),
+        (
+            "batch = { max_records = 20000 }",
+            "triggers.fraud.batch.max_records",
+        ),
+        (
+            "batch = {}\nordering = \"unordered\"",
+            "triggers.fraud.batch",
+        ),
+        ("batch = { max_recods = 5 }", "max_recods"),
+    ] {
+        let err = load(&with(bad)).unwrap_err().to_string();
+        assert!(err.contains(key), "{bad}: {err}");
+    }
+}

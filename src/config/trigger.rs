@@ -81,10 +81,14 @@ pub struct BatchConfig {
     /// Default 1 MiB.
     #[serde(default = "default_batch_bytes")]
     pub max_bytes: usize,
-    /// How long a batch waits for more records after its first one arrived. Default 1000.
+    /// How long a batch waits for more records after its first one arrived. Default 1000, at
+    /// most 3600000.
     #[serde(default = "default_batch_wait_ms")]
     pub max_wait_ms: u64,
 }
+
+/// The longest `batch.max_wait_ms`: records never wait longer than an hour for a batch.
+const MAX_BATCH_WAIT_MS: u64 = 3_600_000;
 
 fn default_batch_records() -> usize {
     500
@@ -362,6 +366,12 @@ impl TriggerConfig {
                 return Err(ConfigError::invalid(
                     format!("{key}.batch"),
                     "max_records and max_bytes must be at least 1",
+                ));
+            }
+            if b.max_wait_ms > MAX_BATCH_WAIT_MS {
+                return Err(ConfigError::invalid(
+                    format!("{key}.batch.max_wait_ms"),
+                    format!("must be at most {MAX_BATCH_WAIT_MS} (an hour)"),
                 ));
             }
             if self.ordering == Ordering::Unordered {
