@@ -514,15 +514,12 @@ impl<T: Clone> PartitionSet<T> {
                 continue;
             }
             // Due now, whatever the bounds say.
-            let flush = BatchLimits {
-                max_wait: std::time::Duration::ZERO,
-                ..limits
-            };
             let _ = start_batch(
                 p,
                 id,
-                flush,
+                limits,
                 now,
+                true,
                 &mut self.buffered_bytes,
                 &mut self.batch_timers,
                 out,
@@ -678,12 +675,16 @@ impl<T: Clone> PartitionSet<T> {
                 continue;
             };
             p.dirty = false;
+            // Memory is short (the partition's buffer or the connection's byte budget is
+            // full): a batch trigger sends what waits rather than wait for more.
+            let pressed = full || p.queue.waiting() >= per_partition;
             if !p.revoking
                 && !self.holding
                 && start_ready(
                     p,
                     id,
                     now,
+                    pressed,
                     &mut self.buffered_bytes,
                     &mut self.batch_timers,
                     out,
@@ -719,12 +720,22 @@ fn start_ready<T: Clone>(
     p: &mut Partition<T>,
     id: PartitionId,
     now: Instant,
+    pressed: bool,
     buffered_bytes: &mut usize,
     batch_timers: &mut Vec<(Instant, PartitionId, u64)>,
     out: &mut Actions<T>,
 ) -> bool {
     if let Some(limits) = p.trigger.batch {
-        return start_batch(p, id, limits, now, buffered_bytes, batch_timers, out);
+        return start_batch(
+            p,
+            id,
+            limits,
+            now,
+            pressed,
+            buffered_bytes,
+            batch_timers,
+            out,
+        );
     }
     loop {
         if p.queue.waiting() == 0 || p.tracker.gap_full() {
@@ -755,13 +766,15 @@ fn start_ready<T: Clone>(
 }
 
 /// A batch trigger's partition: starts its next batch when none is in flight and one is due
-/// (see [`BatchLimits::due`]), or registers a wake-up for `max_wait`. Returns true when a
-/// batch was due but no permit was free.
+/// (see [`BatchLimits::due`]; `now_due`: whatever its bounds say), or registers a wake-up for
+/// `max_wait`. Returns true when a batch was due but no permit was free.
+#[allow(clippy::too_many_arguments)]
 fn start_batch<T: Clone>(
     p: &mut Partition<T>,
     id: PartitionId,
     limits: BatchLimits,
     now: Instant,
+    now_due: bool,
     buffered_bytes: &mut usize,
     batch_timers: &mut Vec<(Instant, PartitionId, u64)>,
     out: &mut Actions<T>,
@@ -776,7 +789,7 @@ fn start_batch<T: Clone>(
     if p.queue.in_flight() > 0 || p.tracker.gap_full() {
         return false;
     }
-    if !limits.due(waiting, p.batch_bytes, Some(since), now, false) {
+    if !limits.due(waiting, p.batch_bytes, Some(since), now, now_due) {
         if !p.batch_timer {
             p.batch_timer = true;
             batch_timers.push((since + limits.max_wait, id, p.generation));
@@ -1184,6 +1197,36 @@ mod tests {
         let out = process(&mut s);
         assert_eq!(out.resume, vec![tp(0)]);
         assert_eq!(out.starts.len(), 1);
+    }
+
+    #[test]
+    fn a_batch_goes_out_when_its_partition_buffer_or_the_byte_budget_is_full() {
+        // Four waiting records fill the partition's buffer: the batch of ten goes out with
+        // them rather than wait for records the paused partition will not fetch.
+        let mut s = set(4, 1 << 20);
+        s.assign(
+            assigned(0, Some(0), ""),
+            batch_trigger(8, 10, 1 << 20),
+            Instant::now(),
+        );
+        for o in 0..3 {
+            let _ = s.on_message(msg(0, o, "k"));
+        }
+        assert!(process(&mut s).starts.is_empty());
+        let _ = s.on_message(msg(0, 3, "k"));
+        let out = process(&mut s);
+        assert_eq!(offsets_of(&out.starts[0]), vec![0, 1, 2, 3]);
+        // The byte budget: each record counts 37 bytes and the overhead.
+        let mut s = set(100, 2 * (37 + MESSAGE_OVERHEAD));
+        s.assign(
+            assigned(0, Some(0), ""),
+            batch_trigger(8, 10, 1 << 20),
+            Instant::now(),
+        );
+        let _ = s.on_message(msg(0, 0, "k"));
+        assert!(process(&mut s).starts.is_empty());
+        let _ = s.on_message(msg(0, 1, "k"));
+        assert_eq!(offsets_of(&process(&mut s).starts[0]), vec![0, 1]);
     }
 
     #[test]
