@@ -507,17 +507,13 @@ impl<T: Clone> PartitionSet<T> {
             let Some(Some(p)) = self.slots.get_mut(id.0 as usize) else {
                 continue;
             };
-            let Some(limits) = p.trigger.batch else {
-                continue;
-            };
-            if p.revoking {
+            if p.trigger.batch.is_none() || p.revoking {
                 continue;
             }
             // Due now, whatever the bounds say.
             let _ = start_batch(
                 p,
                 id,
-                limits,
                 now,
                 true,
                 &mut self.buffered_bytes,
@@ -725,17 +721,8 @@ fn start_ready<T: Clone>(
     batch_timers: &mut Vec<(Instant, PartitionId, u64)>,
     out: &mut Actions<T>,
 ) -> bool {
-    if let Some(limits) = p.trigger.batch {
-        return start_batch(
-            p,
-            id,
-            limits,
-            now,
-            pressed,
-            buffered_bytes,
-            batch_timers,
-            out,
-        );
+    if p.trigger.batch.is_some() {
+        return start_batch(p, id, now, pressed, buffered_bytes, batch_timers, out);
     }
     loop {
         if p.queue.waiting() == 0 || p.tracker.gap_full() {
@@ -768,17 +755,18 @@ fn start_ready<T: Clone>(
 /// A batch trigger's partition: starts its next batch when none is in flight and one is due
 /// (see [`BatchLimits::due`]; `now_due`: whatever its bounds say), or registers a wake-up for
 /// `max_wait`. Returns true when a batch was due but no permit was free.
-#[allow(clippy::too_many_arguments)]
 fn start_batch<T: Clone>(
     p: &mut Partition<T>,
     id: PartitionId,
-    limits: BatchLimits,
     now: Instant,
     now_due: bool,
     buffered_bytes: &mut usize,
     batch_timers: &mut Vec<(Instant, PartitionId, u64)>,
     out: &mut Actions<T>,
 ) -> bool {
+    let Some(limits) = p.trigger.batch else {
+        return false;
+    };
     let waiting = p.queue.waiting();
     if waiting == 0 {
         p.batch_since = None;
