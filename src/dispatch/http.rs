@@ -148,27 +148,18 @@ impl HttpDispatcher {
         for (name, value) in &envelope {
             let _ = headers.insert(name, value.clone());
         }
-        match HeaderValue::from_str(idempotency_key) {
-            Ok(v) => {
-                let _ = headers.insert(HeaderName::from_static("idempotency-key"), v);
-            }
-            Err(_) => {
+        let per_request = [
+            ("idempotency-key", "Idempotency-Key", Some(idempotency_key)),
+            ("traceparent", "traceparent", traceparent),
+        ];
+        for (name, shown, value) in per_request {
+            let Some(value) = value else { continue };
+            let Ok(value) = HeaderValue::from_str(value) else {
                 return DispatchOutcome::Invalid {
-                    reason: "the Idempotency-Key is not a valid header value".to_owned(),
-                }
-            }
-        }
-        if let Some(tp) = traceparent {
-            match HeaderValue::from_str(tp) {
-                Ok(v) => {
-                    let _ = headers.insert(HeaderName::from_static("traceparent"), v);
-                }
-                Err(_) => {
-                    return DispatchOutcome::Invalid {
-                        reason: "the traceparent is not a valid header value".to_owned(),
-                    }
-                }
-            }
+                    reason: format!("the {shown} is not a valid header value"),
+                };
+            };
+            let _ = headers.insert(HeaderName::from_static(name), value);
         }
         let exchange = async {
             let response = self.client.request(request).await?;
