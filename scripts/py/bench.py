@@ -462,7 +462,10 @@ class Bench:
                 raise Failure(f"{name}: the connector exited ({c.proc.returncode}); log {c.log.name}")
             runs0 = dispatcher.stats()["runs"]
             w.start(c.pid)
-            if perf and self.args.perf:
+            # BENCH_PERF_PHASE names the phase to profile (e.g. delay-5ms-c256); by default the
+            # first drain.
+            wanted = os.environ.get("BENCH_PERF_PHASE")
+            if self.args.perf and (name == wanted if wanted else perf):
                 os.makedirs(self.args.perf, exist_ok=True)
                 out = os.path.join(self.args.perf, f"{name}.perf.data")
                 perf_proc = subprocess.Popen(

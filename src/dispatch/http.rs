@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::header::{
-    HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER,
+    HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST, LOCATION, RETRY_AFTER,
     USER_AGENT,
 };
 use hyper::{Method, Request, Uri};
@@ -94,6 +94,18 @@ impl HttpDispatcher {
             .as_str()
             .parse()
             .map_err(|e| format!("dispatcher URL: {e}"))?;
+        // Host, written once here (hyper's client would format it per request); the default
+        // port of the scheme is left out, as clients do. A configured Host header wins.
+        if !headers.contains_key(HOST) {
+            let host = match (url.host_str(), url.port()) {
+                (Some(host), Some(port)) => format!("{host}:{port}"),
+                (Some(host), None) => host.to_owned(),
+                (None, _) => return Err("dispatcher URL has no host".to_owned()),
+            };
+            let value =
+                HeaderValue::from_str(&host).map_err(|e| format!("dispatcher host: {e}"))?;
+            let _ = headers.insert(HOST, value);
+        }
 
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -174,33 +186,21 @@ impl HttpDispatcher {
         for (name, value) in &envelope {
             let _ = headers.insert(name, value.clone());
         }
-        match HeaderValue::from_str(idempotency_key) {
-            Ok(v) => {
-                let _ = headers.insert(HeaderName::from_static("idempotency-key"), v);
-            }
-            Err(_) => {
+        let per_request = [
+            ("idempotency-key", "Idempotency-Key", Some(idempotency_key)),
+            ("traceparent", "traceparent", traceparent),
+        ];
+        for (name, shown, value) in per_request {
+            let Some(value) = value else { continue };
+            let Ok(value) = HeaderValue::from_str(value) else {
                 return (
                     DispatchOutcome::Invalid {
-                        reason: "the Idempotency-Key is not a valid header value".to_owned(),
+                        reason: format!("the {shown} is not a valid header value"),
                     },
                     Bytes::new(),
-                )
-            }
-        }
-        if let Some(tp) = traceparent {
-            match HeaderValue::from_str(tp) {
-                Ok(v) => {
-                    let _ = headers.insert(HeaderName::from_static("traceparent"), v);
-                }
-                Err(_) => {
-                    return (
-                        DispatchOutcome::Invalid {
-                            reason: "the traceparent is not a valid header value".to_owned(),
-                        },
-                        Bytes::new(),
-                    )
-                }
-            }
+                );
+            };
+            let _ = headers.insert(HeaderName::from_static(name), value);
         }
         let exchange = async {
             let response = self.client.request(request).await?;
@@ -485,5 +485,22 @@ mod tests {
         // Each attempt opened a connection of its own.
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
         server.abort();
+    }
+
+    #[test]
+    fn the_host_header_leaves_out_the_default_port() {
+        for (url, host) in [
+            ("https://runs.example.com/v1/runs", "runs.example.com"),
+            ("https://runs.example.com:443/v1/runs", "runs.example.com"),
+            (
+                "http://runs.example.com:8080/v1/runs",
+                "runs.example.com:8080",
+            ),
+            ("http://[::1]:9000/runs", "[::1]:9000"),
+        ] {
+            let config: DispatcherConfig = toml::from_str(&format!("url = \"{url}\"")).unwrap();
+            let d = HttpDispatcher::try_new(&config).unwrap();
+            assert_eq!(d.headers.get(HOST).unwrap(), host, "{url}");
+        }
     }
 }
