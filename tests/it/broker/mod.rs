@@ -146,9 +146,20 @@ pub fn committed_with_metadata(group: &str, topic: &str, partitions: i32) -> Vec
     for p in 0..partitions {
         tpl.add_partition(topic, p);
     }
-    let got = consumer
-        .committed_offsets(tpl, Duration::from_secs(10))
-        .expect("committed offsets");
+    // The group coordinator can answer NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS while
+    // it moves or loads its offsets (seen on 3.9 under the parallel tests): asked again until
+    // a deadline, as clients do.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let got = loop {
+        match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+            Ok(got) => break got,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("committed offsets of {group}: {e}; asking again");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("committed offsets of {group}: {e}"),
+        }
+    };
     (0..partitions)
         .map(|p| match got.find_partition(topic, p) {
             Some(e) => match e.offset() {
