@@ -27,6 +27,9 @@ type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// The most of an error answer's body kept for the error message.
 const MAX_ERROR_BODY: usize = 64 * 1024;
+/// The most of a batch's 2xx answer read: it may list the ids of failed events (10,000 ids
+/// of about 100 bytes fit). A longer one is not taken as an acceptance.
+const MAX_BATCH_ANSWER: usize = 4 * 1024 * 1024;
 
 /// POSTs events to one trigger's dispatcher URL.
 #[derive(Clone)]
@@ -155,7 +158,8 @@ impl HttpDispatcher {
     }
 
     /// [`HttpDispatcher::dispatch_with`] for a batch: also returns the body of a 2xx answer
-    /// (up to 64 KiB), which may name the events that failed.
+    /// (up to 4 MiB), which may name the events that failed; a 2xx answer that cannot be read
+    /// whole is retryable, not an acceptance.
     pub async fn dispatch_batch(
         &self,
         body: Vec<u8>,
@@ -208,18 +212,39 @@ impl HttpDispatcher {
             let status = parts.status.as_u16();
             // The answer's body is read to its end (up to a bound) so that the connection
             // goes back to the pool; only an error answer's text is kept.
-            let (text, success) = match Limited::new(incoming, MAX_ERROR_BODY).collect().await {
-                Ok(collected) if !(200..300).contains(&status) => (
+            let success_status = (200..300).contains(&status);
+            let bound = if keep_success_body && success_status {
+                MAX_BATCH_ANSWER
+            } else {
+                MAX_ERROR_BODY
+            };
+            let (text, success) = match Limited::new(incoming, bound).collect().await {
+                Ok(collected) if !success_status => (
                     String::from_utf8_lossy(&collected.to_bytes()).into_owned(),
-                    Bytes::new(),
+                    Some(Bytes::new()),
                 ),
-                Ok(collected) if keep_success_body => (String::new(), collected.to_bytes()),
-                _ => (String::new(), Bytes::new()),
+                Ok(collected) if keep_success_body => (String::new(), Some(collected.to_bytes())),
+                Ok(_) => (String::new(), Some(Bytes::new())),
+                // A batch answer not read whole (over the bound, or cut off) may name failed
+                // events that would otherwise count as accepted.
+                Err(_) if keep_success_body && success_status => (String::new(), None),
+                Err(_) => (String::new(), Some(Bytes::new())),
             };
             Ok::<_, hyper_util::client::legacy::Error>((parts.headers, status, text, success))
         };
         match tokio::time::timeout(self.timeout, exchange).await {
-            Ok(Ok((headers, status, text, success))) => {
+            Ok(Ok((_, status, _, None))) => (
+                DispatchOutcome::Retryable {
+                    status: Some(status),
+                    reason: format!(
+                        "the batch answer (HTTP {status}) could not be read whole (over \
+                         {MAX_BATCH_ANSWER} bytes, or cut off); the batch is sent again"
+                    ),
+                    retry_after: None,
+                },
+                Bytes::new(),
+            ),
+            Ok(Ok((headers, status, text, Some(success)))) => {
                 let retry_after = headers
                     .get(RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
@@ -502,5 +527,35 @@ mod tests {
             let d = HttpDispatcher::try_new(&config).unwrap();
             assert_eq!(d.headers.get(HOST).unwrap(), host, "{url}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_batch_answer_too_long_to_read_whole_is_not_an_acceptance() {
+        let long = MAX_BATCH_ANSWER + 1;
+        let answer: &'static str = Box::leak(
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {long}\r\n\r\n{{\"failed\": [\"{}\"]}}",
+                "x".repeat(long - 16)
+            )
+            .into_boxed_str(),
+        );
+        let (addr, _server) = one_connection_server(answer, 1).await;
+        let config: DispatcherConfig =
+            toml::from_str(&format!("url = \"http://{addr}/runs\"")).unwrap();
+        let d = HttpDispatcher::try_new(&config).unwrap();
+        let (outcome, body) = d
+            .dispatch_batch(b"{}".to_vec(), "kafka:g:t:0:1-2:2", None, HeaderMap::new())
+            .await;
+        assert!(
+            matches!(
+                outcome,
+                DispatchOutcome::Retryable {
+                    status: Some(200),
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+        assert!(body.is_empty());
     }
 }

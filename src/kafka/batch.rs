@@ -101,16 +101,31 @@ pub fn to_retry<K: Eq + std::hash::Hash>(records: &[(&str, K)], failed: &[String
 }
 
 /// The dispatcher's partial-failure answer: `{"failed": ["<event id>", …]}`. Any other 2xx
-/// body (empty, not JSON, without `failed`) accepts the whole batch.
-pub fn failed_ids(body: &[u8]) -> Vec<String> {
-    #[derive(serde::Deserialize)]
-    struct Answer {
-        #[serde(default)]
-        failed: Vec<String>,
+/// body (empty, not JSON, without `failed`) accepts the whole batch. Err when the answer
+/// speaks of `failed` and cannot be read as that list (a wrong type, cut-off JSON): then no
+/// event of the batch counts as accepted.
+pub fn failed_ids(body: &[u8]) -> Result<Vec<String>, String> {
+    // Any 2xx body is an acceptance unless it is a JSON object with a `failed` member; that
+    // member must then be a list of event ids, or nothing of the batch counts as accepted.
+    let mut answer = match serde_json::from_slice(body) {
+        Ok(serde_json::Value::Object(answer)) => answer,
+        Ok(_) => return Ok(Vec::new()),
+        Err(e) if body.windows(8).any(|w| w == b"\"failed\"") => {
+            return Err(format!("the answer names `failed` but is not JSON: {e}"))
+        }
+        Err(_) => return Ok(Vec::new()),
+    };
+    match answer.remove("failed") {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(ids)) => ids
+            .into_iter()
+            .map(|id| match id {
+                serde_json::Value::String(id) => Ok(id),
+                other => Err(format!("`failed` holds {other}, not an event id")),
+            })
+            .collect(),
+        Some(other) => Err(format!("`failed` is {other}, not a list of event ids")),
     }
-    serde_json::from_slice::<Answer>(body)
-        .map(|a| a.failed)
-        .unwrap_or_default()
 }
 
 /// Splits a rejected batch (a list of record indices) in two halves, the earlier offsets
@@ -182,11 +197,30 @@ mod tests {
 
     #[test]
     fn only_a_failed_list_is_a_partial_failure() {
-        assert_eq!(failed_ids(br#"{"failed": ["x", "y"]}"#), vec!["x", "y"]);
-        assert!(failed_ids(br#"{"failed": []}"#).is_empty());
-        assert!(failed_ids(b"").is_empty());
-        assert!(failed_ids(br#"{"run": "r1"}"#).is_empty());
-        assert!(failed_ids(b"accepted").is_empty());
+        assert_eq!(
+            failed_ids(br#"{"failed": ["x", "y"]}"#).unwrap(),
+            vec!["x", "y"]
+        );
+        for accepted in [
+            &br#"{"failed": []}"#[..],
+            br#"{"failed": null}"#,
+            b"",
+            br#"{"run": "r1"}"#,
+            b"accepted",
+            b"[1, 2]",
+        ] {
+            assert_eq!(failed_ids(accepted), Ok(Vec::new()), "{accepted:?}");
+        }
+        // Hostile or broken partial-failure answers never pass for an acceptance.
+        for unreadable in [
+            &br#"{"failed": "x"}"#[..],
+            br#"{"failed": ["x", 7]}"#,
+            br#"{"failed": {"x": 1}}"#,
+            br#"{"failed": ["x", "y""#,
+            br#"{"failed": ["x"], "#,
+        ] {
+            assert!(failed_ids(unreadable).is_err(), "{unreadable:?}");
+        }
     }
 
     #[test]

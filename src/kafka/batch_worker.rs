@@ -136,7 +136,14 @@ impl<Y: Fn()> Batch<'_, Y> {
             let retry_after = match outcome {
                 DispatchOutcome::Accepted { .. } => {
                     self.trigger.resume();
-                    let failed = batch::failed_ids(&answer);
+                    let failed = batch::failed_ids(&answer).unwrap_or_else(|reason| {
+                        // Which events failed cannot be read: none counts as accepted.
+                        tracing::warn!(
+                            connection = %self.trigger.connection, trigger = %self.trigger.name,
+                            error = %reason, "unreadable partial-failure answer; the batch is sent again"
+                        );
+                        group.iter().map(|&i| records[i].id.clone()).collect()
+                    });
                     let keyed: Vec<(&str, Option<&[u8]>)> = group
                         .iter()
                         .map(|&i| (records[i].id.as_str(), records[i].msg.key()))
