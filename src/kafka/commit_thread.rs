@@ -231,30 +231,141 @@ pub fn add(tpl: &mut TopicPartitionList, tp: &TopicPartition, offset: i64, metad
     elem.set_metadata(metadata);
 }
 
-/// Stores and synchronously commits `commits` (a revoke's or the shutdown's last word), off
-/// the runtime.
+/// How long, from its first refusal, the shutdown's last commit is tried again while the
+/// broker refuses it only for now ([`refused_for_now`]).
+pub const FINAL_COMMIT_RETRY: Duration = Duration::from_secs(10);
+
+/// The pause between two tries of the shutdown's last commit.
+const FINAL_COMMIT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Whether the broker refused a commit only for now: the group is between generations (its
+/// rebalance is in progress, or the member has not yet heard of the new generation) or its
+/// coordinator moves or is loading. The member still owns its partitions then: the
+/// rebalance cannot take them from it before its revoke callback returns, which waits for
+/// the supervisor. A member the group no longer knows (`UNKNOWN_MEMBER_ID`), or any other
+/// error, is final.
+///
+/// This matters when a replica stops while the group is rebalancing. The classic protocol
+/// answers a member's requests in order, so a commit sent behind its pending JoinGroup is
+/// answered only when the other members rejoined (up to a heartbeat interval later), and
+/// then with `ILLEGAL_GENERATION` (sent with the old generation) or `REBALANCE_IN_PROGRESS`
+/// (before the new one is synced). Seen on Kafka 2.8 with cooperative-sticky: a stop right
+/// after a partition handover was refused so, librdkafka's own commit on close met the same
+/// refusal, and the next owner was offered accepted runs again
+/// (`broker::ordering::a_replica_stopping_while_its_group_waits_for_a_slow_member_repeats_nothing`).
+pub fn refused_for_now(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let KafkaError::ConsumerCommit(code) = e else {
+        return false;
+    };
+    matches!(
+        code,
+        C::RebalanceInProgress
+            | C::IllegalGeneration
+            | C::NotCoordinator
+            | C::CoordinatorNotAvailable
+            | C::CoordinatorLoadInProgress
+            | C::RequestTimedOut
+            | C::OperationTimedOut
+    )
+}
+
+/// Stores and synchronously commits `commits` (a revoke's last word), off the runtime.
 pub async fn commit_sync(connection: &str, consumer: &Arc<Consumer_>, commits: CommitBatch) {
+    commit_sync_retrying(connection, consumer, commits, None).await;
+}
+
+/// Like [`commit_sync`], but a commit [`refused_for_now`] is tried again for `retry_for` from
+/// its first refusal (the shutdown's last commit: librdkafka's threads still run the group
+/// protocol meanwhile, so the rebalance that refused it can end). The first answer itself
+/// can take as long as the rebalance does: the request waits behind the member's JoinGroup.
+pub async fn commit_sync_retrying(
+    connection: &str,
+    consumer: &Arc<Consumer_>,
+    commits: CommitBatch,
+    retry_for: Option<Duration>,
+) {
     if commits.is_empty() {
         return;
     }
-    let tpl = tpl_of(&commits);
-    let consumer = Arc::clone(consumer);
-    // Store first: librdkafka commits stored offsets again on close, and an older stored
-    // offset must not replace this commit.
-    let result = tokio::task::spawn_blocking(move || {
-        consumer.store_offsets(&tpl)?;
-        consumer.commit(&tpl, CommitMode::Sync)
-    })
-    .await;
-    match result {
-        Ok(Ok(())) => {
-            metrics::commit(connection, true);
-            tracing::info!(connection = %connection, partitions = commits.len(), "offsets committed");
+    let mut tries = 0u32;
+    let mut retry_until = None;
+    loop {
+        tries += 1;
+        let tpl = tpl_of(&commits);
+        let c = Arc::clone(consumer);
+        // Store first: librdkafka commits stored offsets again on close, and an older stored
+        // offset must not replace this commit.
+        let result = tokio::task::spawn_blocking(move || {
+            c.store_offsets(&tpl)?;
+            c.commit(&tpl, CommitMode::Sync)
+        })
+        .await;
+        match result {
+            Ok(Ok(())) => {
+                metrics::commit(connection, true);
+                tracing::info!(connection = %connection, partitions = commits.len(), tries, "offsets committed");
+                return;
+            }
+            Ok(Err(e)) => {
+                metrics::commit(connection, false);
+                let now = tokio::time::Instant::now();
+                let until = *retry_until.get_or_insert_with(|| now + retry_for.unwrap_or_default());
+                let again = refused_for_now(&e) && now + FINAL_COMMIT_BACKOFF < until;
+                if !again {
+                    tracing::warn!(connection = %connection, error = %e, tries, "synchronous commit failed");
+                    return;
+                }
+                tracing::info!(connection = %connection, error = %e, tries, "synchronous commit refused while the group rebalances; trying again");
+                tokio::time::sleep(FINAL_COMMIT_BACKOFF).await;
+            }
+            Err(e) => {
+                tracing::warn!(connection = %connection, error = %e, "commit task failed");
+                return;
+            }
         }
-        Ok(Err(e)) => {
-            metrics::commit(connection, false);
-            tracing::warn!(connection = %connection, error = %e, "synchronous commit failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::types::RDKafkaErrorCode as C;
+
+    #[test]
+    fn a_commit_refused_between_generations_is_tried_again() {
+        for code in [
+            C::RebalanceInProgress,
+            C::IllegalGeneration,
+            C::NotCoordinator,
+            C::CoordinatorNotAvailable,
+            C::CoordinatorLoadInProgress,
+            C::RequestTimedOut,
+            C::OperationTimedOut,
+        ] {
+            assert!(
+                refused_for_now(&KafkaError::ConsumerCommit(code)),
+                "{code:?}"
+            );
         }
-        Err(e) => tracing::warn!(connection = %connection, error = %e, "commit task failed"),
+    }
+
+    #[test]
+    fn a_member_the_group_forgot_or_a_refusal_for_good_is_final() {
+        for code in [
+            C::UnknownMemberId,
+            C::FencedInstanceId,
+            C::GroupAuthorizationFailed,
+            C::TopicAuthorizationFailed,
+            C::OffsetMetadataTooLarge,
+            C::UnknownTopicOrPartition,
+            C::State,
+        ] {
+            assert!(
+                !refused_for_now(&KafkaError::ConsumerCommit(code)),
+                "{code:?}"
+            );
+        }
+        assert!(!refused_for_now(&KafkaError::StoreOffset(C::State)));
     }
 }

@@ -999,7 +999,11 @@ impl ConnectionSupervisor {
             .filter(|tp| !lost.contains(tp))
             .collect();
         let commits = self.final_commits(tps.iter());
-        commit_thread::commit_sync(&self.name, &self.consumer, commits).await;
+        // The consumer is still a member (librdkafka's threads run the group protocol): a
+        // commit refused while the group rebalances is tried again once the rebalance ends
+        // (librdkafka's own commit on close could race the same window).
+        let retry = Some(commit_thread::FINAL_COMMIT_RETRY);
+        commit_thread::commit_sync_retrying(&self.name, &self.consumer, commits, retry).await;
         // A revoke that arrived with the shutdown is complete now: release the poll thread's
         // revoke callback at once instead of letting it wait for its deadline.
         if let Some(r) = self.pending_revoke.take() {
