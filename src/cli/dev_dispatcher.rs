@@ -322,16 +322,37 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
         );
     }
     let mut inner = state.inner.lock().unwrap_or_else(|p| p.into_inner());
-    let count = inner.accepted_keys.entry(key.clone()).or_default();
+    let run = AcceptedRun {
+        idempotency_key: key,
+        event,
+        traceparent: header("traceparent"),
+        authorization: header("authorization"),
+        accepted_at: std::time::Instant::now(),
+    };
+    if accept_run(state, &mut inner, run, "run accepted") {
+        (StatusCode::ACCEPTED, "accepted").into_response()
+    } else {
+        (StatusCode::CONFLICT, "already accepted").into_response()
+    }
+}
+
+/// Keeps `run`, unless a run was accepted under its idempotency key already: then counts a
+/// repeat and returns false. With `print`, says `said` and the event on stdout.
+fn accept_run(state: &DevState, inner: &mut Inner, run: AcceptedRun, said: &str) -> bool {
+    let count = inner
+        .accepted_keys
+        .entry(run.idempotency_key.clone())
+        .or_default();
     *count += 1;
     if *count > 1 {
         let _ = state.repeats.fetch_add(1, Ordering::SeqCst);
-        inner.repeated_keys.push(key);
-        return (StatusCode::CONFLICT, "already accepted").into_response();
+        inner.repeated_keys.push(run.idempotency_key);
+        return false;
     }
     if state.print {
+        let event = &run.event;
         println!(
-            "run accepted workflow={} topic={} partition={} offset={} key={} value={}",
+            "{said} workflow={} topic={} partition={} offset={} key={} value={}",
             event["workflow"].as_str().unwrap_or("?"),
             event["topic"].as_str().unwrap_or("?"),
             event["partition"],
@@ -340,14 +361,8 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
             event["value"]
         );
     }
-    inner.runs.push(AcceptedRun {
-        idempotency_key: key,
-        event,
-        traceparent: header("traceparent"),
-        authorization: header("authorization"),
-        accepted_at: std::time::Instant::now(),
-    });
-    (StatusCode::ACCEPTED, "accepted").into_response()
+    inner.runs.push(run);
+    true
 }
 
 /// A batch: each event is a run of its own, by its `id`.
@@ -416,31 +431,15 @@ fn respond_batch(
             let _ = held_keys.insert(event_key);
             continue;
         }
-        let count = inner.accepted_keys.entry(id.clone()).or_default();
-        *count += 1;
-        if *count > 1 {
-            let _ = state.repeats.fetch_add(1, Ordering::SeqCst);
-            inner.repeated_keys.push(id);
-            continue;
-        }
-        if state.print {
-            println!(
-                "run accepted (batch) workflow={} topic={} partition={} offset={} key={} value={}",
-                event["workflow"].as_str().unwrap_or("?"),
-                event["topic"].as_str().unwrap_or("?"),
-                event["partition"],
-                event["offset"],
-                event["key"],
-                event["value"]
-            );
-        }
-        inner.runs.push(AcceptedRun {
+        let run = AcceptedRun {
             idempotency_key: id,
             event,
             traceparent: traceparent.clone(),
             authorization: authorization.clone(),
             accepted_at: std::time::Instant::now(),
-        });
+        };
+        // A repeated event is left out of the answer: it was accepted before.
+        let _ = accept_run(state, &mut inner, run, "run accepted (batch)");
     }
     if failed.is_empty() {
         (StatusCode::ACCEPTED, "accepted").into_response()

@@ -1,6 +1,6 @@
 //! Entry points of the fuzz targets (`tests/fuzz`): the pure parts that see untrusted bytes
 //! (framing, the three decoders with any registered schema, the dispatcher's answers, record
-//! headers, commit metadata). Each must return, whatever its input: never panic, overflow the
+//! headers, commit metadata, trigger filters). Each must return, whatever its input: never panic, overflow the
 //! stack or allocate without bound. A crash found by fuzzing becomes a unit test.
 
 use std::collections::HashMap;
@@ -107,4 +107,44 @@ pub fn commit_metadata(offset: i64, metadata: &str) {
         t.handled(*o);
     }
     let _ = t.take_new_commit();
+}
+
+/// A trigger's filter as a configuration may hold it (compiled at load; a hostile or mistaken
+/// expression must be a configuration error, never a crash), evaluated on a record whose
+/// value is `value` (JSON text, or the text itself as a string).
+pub fn filter(expression: &str, value: &str) {
+    use crate::dispatch::event::EventHeader;
+    use crate::kafka::filter::{Filter, FilterError, FilterInput, MAX_LEN};
+    let filter = match Filter::compile(expression) {
+        Ok(filter) => filter,
+        Err(FilterError::TooLong { len, .. }) => {
+            assert!(len > MAX_LEN);
+            return;
+        }
+        Err(_) => return,
+    };
+    assert_eq!(filter.source(), expression);
+    let value = serde_json::from_str(value).unwrap_or_else(|_| Json::String(value.to_owned()));
+    let key = Json::String("k".to_owned());
+    let headers = [
+        EventHeader {
+            name: "source".to_owned(),
+            value: Some(value.to_string()),
+            encoding: "utf8",
+        },
+        EventHeader {
+            name: "bin".to_owned(),
+            value: Some("/w==".to_owned()),
+            encoding: "base64",
+        },
+    ];
+    let _ = filter.evaluate(&FilterInput {
+        key: &key,
+        value: &value,
+        headers: &headers,
+        topic: "payments",
+        partition: 3,
+        offset: 42,
+        timestamp_ms: Some(1_700_000_000_123),
+    });
 }

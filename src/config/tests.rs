@@ -493,6 +493,24 @@ fn a_bad_filter_is_refused_with_the_trigger_and_the_position() {
     );
     let err = load(&text).unwrap_err().to_string();
     assert!(err.contains("unknown variable `amount`"), "{err}");
+    // Nested past the limit: refused before the CEL parser could overflow the stack.
+    let text = MINIMAL.replace(
+        "workflow = \"fraud-check\"",
+        &format!(
+            "workflow = \"fraud-check\"\nfilter = '{}true{}'",
+            "(".repeat(5_000),
+            ")".repeat(5_000)
+        ),
+    );
+    let err = load(&text).unwrap_err().to_string();
+    assert!(
+        err.contains("connections.orders.triggers.fraud.filter"),
+        "{err}"
+    );
+    assert!(
+        err.contains("nested too deeply: the parenthesis at line 1, column 33 goes past 32 levels"),
+        "{err}"
+    );
     let text = MINIMAL.replace(
         "workflow = \"fraud-check\"",
         "workflow = \"fraud-check\"\nfilter = 'value.amount > 1000.0'",

@@ -45,16 +45,7 @@ pub fn request(
             event::render(source, id, msg, headers, key, value),
             HeaderMap::new(),
         ),
-        Some(ce) => ce.render(&CeRecord {
-            id,
-            topic: msg.topic(),
-            partition: msg.partition(),
-            offset: msg.offset(),
-            timestamp_ms: msg.timestamp().to_millis(),
-            key: &key.value,
-            value,
-            payload: msg.payload(),
-        }),
+        Some(ce) => ce.render(&ce_record(id, msg, key, value)),
     }
 }
 
@@ -196,7 +187,7 @@ pub fn structured_batch(events: &[Json]) -> (Vec<u8>, HeaderMap) {
     (body, headers)
 }
 
-/// A record's CloudEvents view.
+/// A record's CloudEvents view (for a single event's request and for each event of a batch).
 pub fn ce_record<'a>(
     id: &'a str,
     msg: &'a OwnedMessage,

@@ -40,12 +40,9 @@ pub struct EventHeader {
 pub struct Event<'a> {
     /// The idempotency key: stable for this record in this consumer group.
     pub id: &'a str,
-    /// Connection name.
-    pub connection: &'a str,
-    /// Trigger name.
-    pub trigger: &'a str,
-    /// Workflow to start.
-    pub workflow: &'a str,
+    /// `connection`, `trigger` and `workflow`, members of the event itself.
+    #[serde(flatten)]
+    pub source: EventSource<'a>,
     /// Topic.
     pub topic: &'a str,
     /// Partition.
@@ -70,14 +67,15 @@ pub struct Event<'a> {
     pub value_schema: &'a SchemaInfo,
 }
 
-/// Where an event came from and what it is called.
-#[derive(Clone, Copy, Debug)]
+/// Where an event came from and what it is called: the `connection`, `trigger` and
+/// `workflow` members of an event and of a batch.
+#[derive(Clone, Copy, Debug, Serialize)]
 pub struct EventSource<'a> {
     /// Connection name.
     pub connection: &'a str,
     /// Trigger name.
     pub trigger: &'a str,
-    /// Workflow.
+    /// Workflow to start.
     pub workflow: &'a str,
 }
 
@@ -177,9 +175,7 @@ pub fn render(
     };
     let event = Event {
         id,
-        connection: source.connection,
-        trigger: source.trigger,
-        workflow: source.workflow,
+        source,
         topic: msg.topic(),
         partition: msg.partition(),
         offset: msg.offset(),
@@ -212,12 +208,9 @@ pub fn render(
 pub struct BatchHead<'a> {
     /// The batch's idempotency key (also its `Idempotency-Key` header).
     pub id: &'a str,
-    /// Connection name.
-    pub connection: &'a str,
-    /// Trigger name.
-    pub trigger: &'a str,
-    /// Workflow to start.
-    pub workflow: &'a str,
+    /// `connection`, `trigger` and `workflow`, members of the batch itself.
+    #[serde(flatten)]
+    pub source: EventSource<'a>,
     /// Topic.
     pub topic: &'a str,
     /// Partition.
@@ -261,13 +254,82 @@ mod tests {
         }]
     }
 
+    /// The members an event and a batch begin with, in this order (docs/event.md).
+    const LEADING_MEMBERS: [&str; 6] = [
+        "id",
+        "connection",
+        "trigger",
+        "workflow",
+        "topic",
+        "partition",
+    ];
+
+    fn members(v: &Json) -> Vec<&str> {
+        v.as_object().unwrap().keys().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn an_event_has_its_members_in_the_documented_order() {
+        let msg = OwnedMessage::new(
+            Some(b"{}".to_vec()),
+            Some(b"k".to_vec()),
+            "t".into(),
+            Timestamp::CreateTime(1_700_000_000_123),
+            0,
+            3,
+            None,
+        );
+        let decoded = |value: Json| Decoded {
+            value,
+            schema: SchemaInfo {
+                format: "json",
+                id: None,
+                subject: None,
+                version: None,
+                name: None,
+            },
+        };
+        let source = EventSource {
+            connection: "c",
+            trigger: "tr",
+            workflow: "w",
+        };
+        let body = render(
+            source,
+            "kafka:g:t:0:3",
+            &msg,
+            &[],
+            &decoded(Json::from("k")),
+            &decoded(serde_json::json!({})),
+        );
+        let v: Json = serde_json::from_slice(&body).unwrap();
+        let after = [
+            "offset",
+            "timestamp",
+            "timestamp_ms",
+            "timestamp_type",
+            "key",
+            "key_schema",
+            "headers",
+            "value",
+            "value_schema",
+        ];
+        assert_eq!(members(&v), [&LEADING_MEMBERS[..], &after].concat());
+        assert_eq!(
+            (v["connection"].as_str(), v["workflow"].as_str()),
+            (Some("c"), Some("w"))
+        );
+    }
+
     #[test]
     fn a_batch_body_is_its_head_and_its_events() {
         let head = BatchHead {
             id: "kafka:g:t:0:3-4:2",
-            connection: "c",
-            trigger: "tr",
-            workflow: "w",
+            source: EventSource {
+                connection: "c",
+                trigger: "tr",
+                workflow: "w",
+            },
             topic: "t",
             partition: 0,
             first_offset: 3,
@@ -281,6 +343,9 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["id"], "kafka:g:t:0:3-4:2");
         assert_eq!(v["count"], 2);
+        // The members in the documented order, the source's among them.
+        let after = ["first_offset", "last_offset", "count", "events"];
+        assert_eq!(members(&v), [&LEADING_MEMBERS[..], &after].concat());
         assert_eq!(v["events"][1]["id"], "b");
     }
 

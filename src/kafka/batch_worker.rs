@@ -356,9 +356,11 @@ impl<Y: Fn()> Batch<'_, Y> {
                 .collect();
             let head = event::BatchHead {
                 id: &key,
-                connection: &self.trigger.connection,
-                trigger: &self.trigger.name,
-                workflow: &self.trigger.config.workflow,
+                source: event::EventSource {
+                    connection: &self.trigger.connection,
+                    trigger: &self.trigger.name,
+                    workflow: &self.trigger.config.workflow,
+                },
                 topic: first.topic(),
                 partition: first.partition(),
                 first_offset: first.offset(),

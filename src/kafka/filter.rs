@@ -51,6 +51,26 @@ pub const VARIABLES: [&str; 7] = [
     "timestamp",
 ];
 
+/// The longest expression a filter may be, in bytes (README, "Filters"): room for a long
+/// list of ids, and a bound on the work of compiling it.
+pub const MAX_LEN: usize = 16 * 1024;
+
+/// How deeply a filter may nest (README, "Filters"; what counts: [`check_nesting`]). The CEL
+/// parser, the walk of the compiled expression and its evaluation recurse once per level, so an
+/// expression nested far deeper (100 000 `(`, or `value.a.a.a…`) would overflow the stack and
+/// abort the process: [`check_nesting`] refuses it before the parser sees it. Real filters nest
+/// a few levels. A filter this deep evaluates on a 2 MiB stack (a tokio worker's) in a debug
+/// build too (measured 2026-12-03: chains of 48 indexes, selections or operators do, 62 do
+/// not), and compiles on [`COMPILE_STACK`].
+pub const MAX_DEPTH: usize = 32;
+
+/// The stack of the thread a filter is compiled on. The CEL parser (ANTLR-generated) takes
+/// about 170 KiB of stack per parenthesis or bracket in a debug build (measured 2026-12-03:
+/// 12 levels overflow 2 MiB, 64 fit 16 MiB), far less optimised, so a filter is not compiled
+/// on the caller's stack (a tokio worker's is 2 MiB) but on a thread with about twice what
+/// [`MAX_DEPTH`] levels take. Only the pages used are ever touched.
+const COMPILE_STACK: usize = 16 << 20;
+
 /// A compiled filter. Cheap to clone (shared); Serialize and Debug show the expression.
 #[derive(Clone)]
 pub struct Filter {
@@ -110,6 +130,30 @@ pub enum FilterError {
         /// The variable.
         name: String,
     },
+    /// No thread could be started to compile the expression on (see [`COMPILE_STACK`]).
+    #[error("cannot start a thread to compile the filter on: {0}")]
+    Thread(String),
+    /// The expression is longer than [`MAX_LEN`].
+    #[error("the expression is {len} bytes long; a filter is at most {max} bytes")]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// [`MAX_LEN`].
+        max: usize,
+    },
+    /// The expression nests deeper than [`MAX_DEPTH`] (see [`check_nesting`]).
+    #[error("nested too deeply: the {what} at line {line}, column {column} goes past {max} levels (brackets, operators and field selections nest at most {max} deep in a filter)")]
+    TooDeep {
+        /// What went past the limit: `parenthesis`, `bracket`, `brace`, `call`, `index`,
+        /// `field selection`, `operator`, `unary operator` or `conditional`.
+        what: &'static str,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column, in characters.
+        column: usize,
+        /// [`MAX_DEPTH`].
+        max: usize,
+    },
 }
 
 /// The record as the filter sees it.
@@ -146,6 +190,27 @@ pub enum Verdict {
 impl Filter {
     /// Compiles `source`.
     pub fn compile(source: &str) -> Result<Self, FilterError> {
+        if source.len() > MAX_LEN {
+            return Err(FilterError::TooLong {
+                len: source.len(),
+                max: MAX_LEN,
+            });
+        }
+        check_nesting(source)?;
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("filter-compile".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(scope, || Self::compile_checked(source))
+                .map_err(|e| FilterError::Thread(e.to_string()))?
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    /// Compiles `source`, no longer than [`MAX_LEN`] and nested no deeper than [`MAX_DEPTH`],
+    /// on a thread with [`COMPILE_STACK`].
+    fn compile_checked(source: &str) -> Result<Self, FilterError> {
         let env = Arc::new(Env::stdlib());
         let program = env.compile(source).map_err(|errors| {
             let first = errors.errors.first();
@@ -383,6 +448,231 @@ impl<'a> Names<'a> {
             }
         }
     }
+}
+
+/// One bracket of an expression (or the expression itself) while [`check_nesting`] scans it.
+#[derive(Default)]
+struct Level {
+    /// 1 for a bracket, 0 for the expression itself.
+    own: usize,
+    /// The `?` of conditionals in it (each nests the rest of the bracket).
+    conditionals: usize,
+    /// Operators, field selections and indexes in the current operand (since the last `,`,
+    /// `:`, `&&` or `||`).
+    ops: usize,
+    /// The deepest bracket closed in the current operand.
+    inner: usize,
+    /// The deepest operand finished in it.
+    deepest: usize,
+}
+
+impl Level {
+    fn operand(&self) -> usize {
+        self.ops + self.inner
+    }
+
+    /// At least the depth of the expression tree under this bracket.
+    fn depth(&self) -> usize {
+        self.own + self.conditionals + self.deepest.max(self.operand())
+    }
+
+    fn end_operand(&mut self) {
+        self.deepest = self.deepest.max(self.operand());
+        self.ops = 0;
+        self.inner = 0;
+    }
+}
+
+/// Refuses an expression nested deeper than [`MAX_DEPTH`], by a scan of its text that never
+/// recurses. It counts, along any path into the expression, the brackets (`(`, `[`, `{`, calls
+/// and indexes) around it and the operators, field selections and `?` before or after it
+/// within each bracket, which is at least the depth of the parse and of the expression tree.
+/// `&&`, `||`, `,` and `:` separate operands (the parser builds `&&` and `||` chains
+/// balanced), so `a && b && …` of any length is not deep. Strings and comments are skipped.
+/// Returns the depth.
+fn check_nesting(source: &str) -> Result<usize, FilterError> {
+    let bytes = source.as_bytes();
+    let mut deepest = 0;
+    let mut levels = vec![Level::default()];
+    // Whether the last token ends an operand: then `(` is a call, `[` an index, `-` binary.
+    let mut after_operand = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        let at = i;
+        let next = bytes.get(i + 1).copied();
+        let what = match bytes[i] {
+            b' ' | b'\t' | b'\r' | b'\n' => {
+                i += 1;
+                continue;
+            }
+            b'/' if next == Some(b'/') => {
+                i = bytes[i..]
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .map_or(bytes.len(), |n| i + n);
+                continue;
+            }
+            b'\'' | b'"' => {
+                i = skip_string(bytes, i, false);
+                after_operand = true;
+                continue;
+            }
+            b'0'..=b'9' => {
+                while i < bytes.len()
+                    && (bytes[i].is_ascii_alphanumeric()
+                        || (bytes[i] == b'.' && bytes.get(i + 1).is_some_and(u8::is_ascii_digit)))
+                {
+                    i += 1;
+                }
+                after_operand = true;
+                continue;
+            }
+            b if b.is_ascii_alphabetic() || b == b'_' => {
+                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                    i += 1;
+                }
+                let word = &bytes[at..i];
+                if matches!(bytes.get(i), Some(b'\'' | b'"'))
+                    && word.len() <= 2
+                    && word.iter().all(|b| matches!(b, b'r' | b'R' | b'b' | b'B'))
+                {
+                    // A raw or bytes string: r'…', b"…", rb'…'.
+                    let raw = word.iter().any(|b| matches!(b, b'r' | b'R'));
+                    i = skip_string(bytes, i, raw);
+                    after_operand = true;
+                    continue;
+                }
+                if word == b"in" {
+                    levels.last_mut().expect("the expression's level").ops += 1;
+                    after_operand = false;
+                    "operator"
+                } else {
+                    after_operand = true;
+                    continue;
+                }
+            }
+            open @ (b'(' | b'[' | b'{') => {
+                i += 1;
+                let what = match (open, after_operand) {
+                    (b'(', true) => "call",
+                    (b'(', false) => "parenthesis",
+                    (b'[', true) => {
+                        levels.last_mut().expect("the expression's level").ops += 1;
+                        "index"
+                    }
+                    (b'[', false) => "bracket",
+                    _ => "brace",
+                };
+                levels.push(Level {
+                    own: 1,
+                    ..Level::default()
+                });
+                after_operand = false;
+                what
+            }
+            b')' | b']' | b'}' => {
+                i += 1;
+                if levels.len() > 1 {
+                    let closed = levels.pop().expect("more than one level").depth();
+                    let level = levels.last_mut().expect("the expression's level");
+                    level.inner = level.inner.max(closed);
+                }
+                after_operand = true;
+                // A closing bracket adds no depth: what it closed was counted already.
+                continue;
+            }
+            b',' | b':' => {
+                i += 1;
+                levels
+                    .last_mut()
+                    .expect("the expression's level")
+                    .end_operand();
+                after_operand = false;
+                continue;
+            }
+            b'&' | b'|' if next == Some(bytes[i]) => {
+                i += 2;
+                levels
+                    .last_mut()
+                    .expect("the expression's level")
+                    .end_operand();
+                after_operand = false;
+                continue;
+            }
+            b'?' => {
+                i += 1;
+                levels
+                    .last_mut()
+                    .expect("the expression's level")
+                    .conditionals += 1;
+                after_operand = false;
+                "conditional"
+            }
+            b'.' => {
+                i += 1;
+                levels.last_mut().expect("the expression's level").ops += 1;
+                after_operand = false;
+                "field selection"
+            }
+            b'!' | b'-' if !after_operand && next != Some(b'=') => {
+                i += 1;
+                levels.last_mut().expect("the expression's level").ops += 1;
+                "unary operator"
+            }
+            b'=' | b'!' | b'<' | b'>' | b'+' | b'-' | b'*' | b'/' | b'%' => {
+                i += 1;
+                if next == Some(b'=') {
+                    i += 1;
+                }
+                levels.last_mut().expect("the expression's level").ops += 1;
+                after_operand = false;
+                "operator"
+            }
+            _ => {
+                // Not CEL: the parser says where.
+                i += 1;
+                continue;
+            }
+        };
+        // The depth at this point: the brackets around it and what precedes it in each.
+        let (innermost, outer) = levels.split_last().expect("the expression's level");
+        let depth = outer
+            .iter()
+            .map(|l| l.own + l.conditionals + l.ops)
+            .sum::<usize>()
+            + innermost.depth();
+        deepest = deepest.max(depth);
+        if depth > MAX_DEPTH {
+            let before = &source[..at];
+            let line_start = before.rfind('\n').map_or(0, |n| n + 1);
+            return Err(FilterError::TooDeep {
+                what,
+                line: before.matches('\n').count() + 1,
+                column: before[line_start..].chars().count() + 1,
+                max: MAX_DEPTH,
+            });
+        }
+    }
+    Ok(deepest)
+}
+
+/// The index after the string literal whose opening quote is at `start` (`'…'`, `"…"`, or
+/// tripled; in a raw one a backslash escapes nothing), or the end of an unterminated one.
+fn skip_string(bytes: &[u8], start: usize, raw: bool) -> usize {
+    let quote = bytes[start];
+    let triple = bytes[start..].starts_with(&[quote; 3]);
+    let mut i = start + if triple { 3 } else { 1 };
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' if !raw => i += 2,
+            q if q == quote && (!triple || bytes[i..].starts_with(&[quote; 3])) => {
+                return i + if triple { 3 } else { 1 };
+            }
+            b'\n' if !triple => return i,
+            _ => i += 1,
+        }
+    }
+    bytes.len()
 }
 
 fn one_line(s: &str) -> String {
@@ -676,6 +966,222 @@ mod tests {
         );
         let e = toml::from_str::<T>("filter = 'value.n >'").err().unwrap();
         assert!(e.to_string().contains("line 1, column"), "{e}");
+    }
+
+    /// Runs `f` on a thread with a 2 MiB stack (a tokio worker's, and a test thread's): a
+    /// stack overflow aborts the whole test binary, so a crash cannot pass unnoticed.
+    fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    /// The hostile shapes: what goes past the limit, the expression for a repetition count
+    /// `n`, how much the scan counts beyond `n` (what wraps the repeated part), and the value
+    /// it is evaluated on.
+    #[allow(clippy::type_complexity)]
+    fn shapes() -> Vec<(&'static str, fn(usize) -> String, usize, Json)> {
+        fn nested_a(n: usize) -> Json {
+            (0..n).fold(json!(1), |v, _| json!({ "a": v }))
+        }
+        fn nested_list(n: usize) -> Json {
+            (0..n).fold(json!(1), |v, _| json!([v]))
+        }
+        vec![
+            // (((…true…)))
+            (
+                "parenthesis",
+                |n| format!("{}true{}", "(".repeat(n), ")".repeat(n)),
+                0,
+                json!(null),
+            ),
+            // !!!…true
+            (
+                "unary operator",
+                |n| format!("{}true", "!".repeat(n)),
+                0,
+                json!(null),
+            ),
+            // 2 > ---…1: `>`, and the run.
+            (
+                "unary operator",
+                |n| format!("2 > {}1", "-".repeat(n)),
+                1,
+                json!(null),
+            ),
+            // 1 == value.a.a.….a: `==`, and a selection each.
+            (
+                "field selection",
+                |n| format!("1 == value{}", ".a".repeat(n)),
+                1,
+                nested_a(MAX_DEPTH - 1),
+            ),
+            // 1 == value[0][0]…[0]: `==`, an index each, and the `0` in one.
+            (
+                "index",
+                |n| format!("1 == value{}", "[0]".repeat(n)),
+                2,
+                nested_list(MAX_DEPTH - 2),
+            ),
+            // 1 == size([[[…]]]): `==`, and the call.
+            (
+                "bracket",
+                |n| format!("1 == size({}{})", "[".repeat(n), "]".repeat(n)),
+                2,
+                json!(null),
+            ),
+            // 1 == size({1:{1:…1}}): `==`, and the call.
+            (
+                "brace",
+                |n| format!("1 == size({}1{})", "{1:".repeat(n), "}".repeat(n)),
+                2,
+                json!(null),
+            ),
+            // "x" == string(string(…"x"…)): `==`.
+            (
+                "call",
+                |n| format!("\"x\" == {}\"x\"{}", "string(".repeat(n), ")".repeat(n)),
+                1,
+                json!(null),
+            ),
+            // 1 + 1 + … + 1 > 0: an operator each, and `>`.
+            (
+                "operator",
+                |n| format!("1{} > 0", " + 1".repeat(n)),
+                1,
+                json!(null),
+            ),
+            // true ? true : true ? … : true
+            (
+                "conditional",
+                |n| format!("{}true", "true ? true : ".repeat(n)),
+                0,
+                json!(null),
+            ),
+            // 1 == value.f().f()….f(): `==`, a selection each, and a call.
+            (
+                "field selection",
+                |n| format!("1 == value{}", ".f()".repeat(n)),
+                2,
+                json!(1),
+            ),
+        ]
+    }
+
+    #[test]
+    fn nesting_up_to_the_limit_compiles_and_evaluates_on_a_small_stack() {
+        for (what, shape, overhead, value) in shapes() {
+            let expr = shape(MAX_DEPTH - overhead);
+            let verdict = on_small_stack(move || {
+                let key = json!(null);
+                Filter::compile(&expr)
+                    .map(|f| f.evaluate(&input(&key, &value, &[])))
+                    .map_err(|e| e.to_string())
+            });
+            match verdict {
+                // `value.f()` names no function: an evaluation error, after the recursion.
+                Ok(Verdict::Error(_)) if what == "field selection" && overhead == 2 => {}
+                Ok(Verdict::Match) => {}
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_refused_naming_what_and_where() {
+        for (what, shape, overhead, _) in shapes() {
+            let expr = shape(MAX_DEPTH - overhead + 1);
+            let e = Filter::compile(&expr).unwrap_err();
+            assert!(
+                matches!(e, FilterError::TooDeep { what: w, line: 1, max: MAX_DEPTH, .. } if w == what),
+                "{what}: {e}"
+            );
+            // Far past it too, up to the longest expression, and on a small stack.
+            let n = (MAX_DEPTH..)
+                .take_while(|&n| shape(n).len() <= MAX_LEN)
+                .last()
+                .unwrap();
+            let far = shape(n);
+            let e = on_small_stack(move || Filter::compile(&far).map(|_| ())).unwrap_err();
+            assert!(matches!(e, FilterError::TooDeep { .. }), "{what}: {e}");
+        }
+        let e = Filter::compile(&format!("{}1", "(".repeat(MAX_DEPTH + 1))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "nested too deeply: the parenthesis at line 1, column {} goes past {MAX_DEPTH} levels (brackets, operators and field selections nest at most {MAX_DEPTH} deep in a filter)",
+                MAX_DEPTH + 1
+            )
+        );
+        // `==` is a level: the last of the parentheses goes past, at column 10 + MAX_DEPTH - 1
+        // (in characters: `é` is two bytes).
+        let e =
+            Filter::compile(&format!("true &&\n  'é' == {}1", "(".repeat(MAX_DEPTH))).unwrap_err();
+        assert_eq!(
+            e,
+            FilterError::TooDeep {
+                what: "parenthesis",
+                line: 2,
+                column: 10 + MAX_DEPTH - 1,
+                max: MAX_DEPTH
+            }
+        );
+    }
+
+    #[test]
+    fn long_and_or_chains_strings_and_comments_are_not_deep() {
+        // `&&` and `||` chains are balanced by the parser; separate operands are not summed.
+        let clauses = (0..400)
+            .map(|i| format!("value.a{i}.b != {i}"))
+            .collect::<Vec<_>>();
+        let expr = clauses.join(" && ");
+        assert!(expr.len() < MAX_LEN);
+        assert!(on_small_stack(move || Filter::compile(&expr).is_ok()));
+        let ids = (0..2000).map(|i| i.to_string()).collect::<Vec<_>>();
+        let expr = format!("[{}].exists(x, x == offset)", ids.join(", "));
+        assert!(Filter::compile(&expr).is_ok());
+        // Brackets in strings and comments are text.
+        let deep = "(".repeat(MAX_DEPTH * 2);
+        for expr in [
+            format!("topic != '{deep}'"),
+            format!("topic != \"{deep}\\\"{deep}\""),
+            format!("topic != r'{deep}\\'"),
+            format!("topic != '''{deep}'\n'{deep}'''"),
+            format!("headers.x != b\"{deep}\""),
+            format!("// {deep}\ntopic != 'x' // {deep}"),
+        ] {
+            assert!(Filter::compile(&expr).is_ok(), "{expr}");
+        }
+        // The README's example.
+        assert_eq!(check_nesting("value.items.exists(i, i.qty > 10)"), Ok(5));
+        assert_eq!(check_nesting("(a + b.c) * 2 > 1 && !(x || y)"), Ok(5));
+        // A number's decimal point is not a selection.
+        let expr = format!("{}1.5 < 2.0", "-".repeat(MAX_DEPTH - 1));
+        assert!(Filter::compile(&expr).is_ok());
+    }
+
+    #[test]
+    fn an_expression_longer_than_the_limit_is_refused_before_parsing() {
+        let at_limit = format!("topic == '{}'", "x".repeat(MAX_LEN - 11));
+        assert_eq!(at_limit.len(), MAX_LEN);
+        assert!(Filter::compile(&at_limit).is_ok());
+        let e = Filter::compile(&format!("{at_limit} ")).unwrap_err();
+        assert_eq!(
+            e,
+            FilterError::TooLong {
+                len: MAX_LEN + 1,
+                max: MAX_LEN
+            }
+        );
+        // 100 000 `(`, on a small stack.
+        let e = on_small_stack(|| Filter::compile(&"(".repeat(100_000)).map(|_| ())).unwrap_err();
+        assert!(
+            matches!(e, FilterError::TooLong { len: 100_000, .. }),
+            "{e}"
+        );
     }
 
     /// The cost of a filter per event, printed (never a pass/fail on speed). Run optimised:

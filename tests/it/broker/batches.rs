@@ -614,14 +614,22 @@ async fn produce_25_per_partition(topic: &str, partitions: i32) {
     .await;
 }
 
-#[tokio::test]
-async fn a_waiting_batch_goes_out_when_the_connector_stops_and_is_committed() {
-    let topic = unique("batch-stop");
-    create_topic(&topic, 1).await;
-    produce_25_per_partition(&topic, 1).await;
+/// A connector that has sent the first batch of 20 of each of `partitions` partitions of a new
+/// topic (25 records each): the 5 after it wait in a batch that would wait a minute for more.
+struct FiveWaiting {
+    topic: String,
+    group: String,
+    d: DevDispatcher,
+    toml: String,
+    connector: super::Connector,
+}
+
+async fn five_waiting_per_partition(name: &str, partitions: i32) -> FiveWaiting {
+    let topic = unique(&format!("batch-{name}"));
+    create_topic(&topic, partitions).await;
+    produce_25_per_partition(&topic, partitions).await;
     let d = dispatcher(Faults::default()).await;
-    let group = unique("batch-stop-group");
-    // The 5 records after the first batch of 20 would wait a minute for more.
+    let group = unique(&format!("batch-{name}-group"));
     let toml = connection_toml(
         &group,
         &topic,
@@ -629,10 +637,31 @@ async fn a_waiting_batch_goes_out_when_the_connector_stops_and_is_committed() {
         "batch = { max_records = 20, max_wait_ms = 60000 }\n",
     );
     let connector = super::Connector::start(&toml);
-    wait_for("the first batch committed", Duration::from_secs(60), || {
-        (committed(&group, &topic, 1) == vec![20]).then_some(())
-    })
+    let first_batches = vec![20; usize::try_from(partitions).unwrap()];
+    wait_for(
+        "the first batches committed",
+        Duration::from_secs(60),
+        || (committed(&group, &topic, partitions) == first_batches).then_some(()),
+    )
     .await;
+    FiveWaiting {
+        topic,
+        group,
+        d,
+        toml,
+        connector,
+    }
+}
+
+#[tokio::test]
+async fn a_waiting_batch_goes_out_when_the_connector_stops_and_is_committed() {
+    let FiveWaiting {
+        topic,
+        group,
+        d,
+        connector,
+        ..
+    } = five_waiting_per_partition("stop", 1).await;
     connector.stop().await;
     // The stop sent the waiting five at once, and committed them once accepted.
     assert_eq!(committed(&group, &topic, 1), vec![25]);
@@ -643,24 +672,13 @@ async fn a_waiting_batch_goes_out_when_the_connector_stops_and_is_committed() {
 
 #[tokio::test]
 async fn a_waiting_batch_goes_out_when_its_partition_is_revoked_and_is_committed() {
-    let topic = unique("batch-revoke");
-    create_topic(&topic, 2).await;
-    produce_25_per_partition(&topic, 2).await;
-    let d = dispatcher(Faults::default()).await;
-    let group = unique("batch-revoke-group");
-    let toml = connection_toml(
-        &group,
-        &topic,
-        &d.url(),
-        "batch = { max_records = 20, max_wait_ms = 60000 }\n",
-    );
-    let first = super::Connector::start(&toml);
-    wait_for(
-        "the first batches committed",
-        Duration::from_secs(60),
-        || (committed(&group, &topic, 2) == vec![20, 20]).then_some(()),
-    )
-    .await;
+    let FiveWaiting {
+        topic,
+        group,
+        d,
+        toml,
+        connector: first,
+    } = five_waiting_per_partition("revoke", 2).await;
     // A second member joins: the first revokes its partitions (eager assignment), sending
     // each partition's waiting five at once. Without that, they would wait max_wait_ms (a
     // minute) at the next owner, longer than this waits.
