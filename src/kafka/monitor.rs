@@ -14,6 +14,7 @@ use rdkafka::consumer::Consumer as _;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use super::batch::BatchLimits;
 use super::context::ConnectorContext;
 use super::partitions::PartitionSet;
 use super::worker::TriggerRuntime;
@@ -52,6 +53,13 @@ pub struct StallFacts {
     pub commit_offset: Option<i64>,
     /// The partition is paused.
     pub paused: bool,
+}
+
+/// How long a partition may go without progress before it counts as stalled: `stall_after`,
+/// and for a batch trigger also the time its batch may wait for records (`max_wait_ms`), since
+/// a quiet partition's waiting batch makes no progress until then by design.
+pub fn stall_window(stall_after: Duration, batch: Option<&BatchLimits>) -> Duration {
+    stall_after.saturating_add(batch.map_or(Duration::ZERO, |b| b.max_wait))
 }
 
 /// Why a partition is stalled, if it is: a backlog and no progress for `after`.
@@ -170,6 +178,7 @@ impl Monitor {
                 p.last_progress = now;
             }
             let without_progress = now.saturating_duration_since(p.last_progress);
+            let after = stall_window(after, p.trigger.batch.as_ref());
             // The rest (a lock, the commit offset) is looked up only for a stalled partition.
             let reason = (backlog > 0 && without_progress >= after)
                 .then(|| {
@@ -326,6 +335,27 @@ mod tests {
 
     fn stalled(f: StallFacts) -> Option<String> {
         stall_reason(&f, AFTER)
+    }
+
+    #[test]
+    fn a_waiting_batch_is_not_a_stall_before_its_wait_is_over() {
+        assert_eq!(stall_window(AFTER, None), AFTER);
+        let limits = BatchLimits {
+            max_records: 500,
+            max_bytes: 1 << 20,
+            max_wait: Duration::from_secs(120),
+        };
+        let window = stall_window(AFTER, Some(&limits));
+        assert_eq!(window, Duration::from_secs(150));
+        // A batch waiting its 120 s on a quiet partition, 100 s in: longer than stall_after,
+        // still not stalled; once the wait and stall_after are both over without progress, it is.
+        let facts = |secs| StallFacts {
+            backlog: 3,
+            without_progress: Duration::from_secs(secs),
+            ..StallFacts::default()
+        };
+        assert!(stall_reason(&facts(100), window).is_none());
+        assert!(stall_reason(&facts(150), window).is_some());
     }
 
     #[test]
