@@ -22,6 +22,7 @@ use rdkafka::message::{Message, OwnedMessage};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use super::batch;
 use super::worker::{
@@ -370,15 +371,33 @@ impl<Y: Fn()> Batch<'_, Y> {
             (event::render_batch(&head, &events), Default::default())
         };
         let started = std::time::Instant::now();
+        // With traces exported (a child of the batch's span) the run continues this span's
+        // trace; the records' own traces are linked from the batch's span.
+        let dispatching = if crate::telemetry::trace::exporting() {
+            tracing::info_span!(
+                target: crate::telemetry::trace::TARGET,
+                "dispatch",
+                otel.kind = "client",
+                tessel.workflow = %self.trigger.config.workflow,
+                tessel.attempt = i64::from(attempt),
+                messaging.batch.message_count = group.len() as i64,
+                tessel.dispatch.outcome = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
+        let traceparent = crate::telemetry::trace::traceparent_of(&dispatching);
         let request = self
             .trigger
             .dispatcher
-            .dispatch_batch(body, &key, None, envelope);
+            .dispatch_batch(body, &key, traceparent.as_deref(), envelope)
+            .instrument(dispatching.clone());
         let answer = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return Err(Abandon),
             a = request => a,
         };
+        dispatching.record("tessel.dispatch.outcome", answer.0.label());
         self.trigger
             .metrics()
             .dispatch_attempt(answer.0.label(), started.elapsed().as_secs_f64());

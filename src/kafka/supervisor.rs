@@ -766,6 +766,12 @@ impl ConnectionSupervisor {
         msgs.push(msg);
         msgs.extend(batch);
         let offsets: Vec<i64> = msgs.iter().map(|m| m.offset()).collect();
+        let span = crate::telemetry::trace::batch_span(
+            &self.name,
+            self.config.group_id(),
+            &trigger.name,
+            &msgs,
+        );
         let done = self.completions_tx.clone();
         let yielded = {
             let tx = self.completions_tx.clone();
@@ -780,9 +786,10 @@ impl ConnectionSupervisor {
             // The batch worker contains panics of decoding itself; this catches one in its
             // own bookkeeping, so that the completion is always sent. The records are then
             // abandoned: not committed, offered again after the next rebalance or restart.
-            let outcomes = std::panic::AssertUnwindSafe(super::batch_worker::process(
-                trigger, msgs, permit, drain, cancel, yielded,
-            ))
+            let outcomes = std::panic::AssertUnwindSafe(
+                super::batch_worker::process(trigger, msgs, permit, drain, cancel, yielded)
+                    .instrument(span),
+            )
             .catch_unwind()
             .await
             .unwrap_or_else(|_| {

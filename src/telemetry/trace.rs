@@ -1,7 +1,8 @@
 //! Per-message spans, exported over OTLP when `[otlp]` is configured: `consume` (the
 //! message, continuing its `traceparent`), with children `decode`, `dispatch` (one per
 //! attempt) and `commit` (the offset handed to the commit pipeline). Without `[otlp]` they are
-//! not created at all ([`exporting`]).
+//! not created at all ([`exporting`]). A batch trigger's batch is one `consume` span linked
+//! to each record's trace ([`batch_span`]), with a `dispatch` child per request.
 
 use std::collections::HashMap;
 
@@ -34,7 +35,7 @@ pub fn message_span(
     trigger: &str,
     msg: &rdkafka::message::OwnedMessage,
 ) -> tracing::Span {
-    use rdkafka::message::{Headers as _, Message as _};
+    use rdkafka::message::Message as _;
     if !exporting() {
         return tracing::Span::none();
     }
@@ -56,6 +57,71 @@ pub fn message_span(
     if span.is_disabled() {
         return span;
     }
+    let carrier = trace_headers(msg);
+    if carrier.contains_key("traceparent") {
+        let parent = TraceContextPropagator::new().extract(&carrier);
+        let _ = span.set_parent(parent);
+    }
+    span
+}
+
+/// The `consume` span of a batch (batch triggers): one span for the batch's records, linked
+/// to the trace of each record that carries a `traceparent` (OpenTelemetry's messaging
+/// conventions for batch processing: one run cannot be the child of several traces). Its
+/// children are the batch's `dispatch` spans, and the run continues the trace of the one
+/// that started it.
+pub fn batch_span(
+    connection: &str,
+    group: &str,
+    trigger: &str,
+    msgs: &[rdkafka::message::OwnedMessage],
+) -> tracing::Span {
+    use opentelemetry::trace::TraceContextExt as _;
+    use rdkafka::message::Message as _;
+    let (Some(first), Some(last)) = (msgs.first(), msgs.last()) else {
+        return tracing::Span::none();
+    };
+    if !exporting() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        target: TARGET,
+        "consume",
+        otel.name = %format!("process {}", first.topic()),
+        otel.kind = "consumer",
+        messaging.system = "kafka",
+        messaging.operation.type = "process",
+        messaging.destination.name = %first.topic(),
+        messaging.destination.partition.id = first.partition(),
+        // As i64: tracing-opentelemetry exports unsigned integers as strings.
+        messaging.batch.message_count = msgs.len() as i64,
+        messaging.consumer.group.name = %group,
+        tessel.connection = %connection,
+        tessel.trigger = %trigger,
+        tessel.batch.first_offset = first.offset(),
+        tessel.batch.last_offset = last.offset(),
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    let propagator = TraceContextPropagator::new();
+    for msg in msgs {
+        let carrier = trace_headers(msg);
+        if !carrier.contains_key("traceparent") {
+            continue;
+        }
+        let context = propagator.extract(&carrier);
+        let linked = context.span().span_context().clone();
+        if linked.is_valid() {
+            span.add_link(linked);
+        }
+    }
+    span
+}
+
+/// The record's `traceparent` and `tracestate` headers (names lowercased), for extraction.
+fn trace_headers(msg: &rdkafka::message::OwnedMessage) -> HashMap<String, String> {
+    use rdkafka::message::{Headers as _, Message as _};
     let mut carrier = HashMap::new();
     for h in msg.headers().into_iter().flat_map(|h| h.iter()) {
         let name = h.key.to_ascii_lowercase();
@@ -65,11 +131,7 @@ pub fn message_span(
             }
         }
     }
-    if carrier.contains_key("traceparent") {
-        let parent = TraceContextPropagator::new().extract(&carrier);
-        let _ = span.set_parent(parent);
-    }
-    span
+    carrier
 }
 
 /// The W3C `traceparent` of `span` when it is exported, to forward to the dispatcher so the

@@ -440,6 +440,117 @@ async fn traces_continue_the_message_traceparent_over_otlp() {
     }
 }
 
+/// An integer attribute, as the OTLP JSON encoding writes it (a number or a string).
+fn int_attribute(span: &Value, key: &str) -> Option<i64> {
+    let v = attribute(span, key)?;
+    let v = &v["intValue"];
+    v.as_i64().or_else(|| v.as_str()?.parse().ok())
+}
+
+/// With `[otlp]`, a batch trigger's batch is one `consume` span linked to the trace of each of
+/// its records, its request a `dispatch` child of that span, and the run continues the
+/// `dispatch` span's trace (a run cannot be the child of several traces).
+#[tokio::test]
+async fn a_batch_is_one_span_linked_to_each_record_trace_over_otlp() {
+    let topic = unique("otlp-batch");
+    create_topic(&topic, 1).await;
+    let d = dispatcher(Faults::default()).await;
+    let (collector, exports) = fake_collector().await;
+    let group = unique("otlp-batch-group");
+    let config = temp_config(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[otlp]\nendpoint = \"http://127.0.0.1:{collector}\"\nprotocol = \"http_json\"\nexport_interval_ms = 200\nservice_name = \"tessel-kafka-it\"\n{}",
+        connection_toml(
+            &group,
+            &topic,
+            &d.url(),
+            "value_format = \"json\"\nbatch = { max_records = 2, max_wait_ms = 60000 }"
+        )
+    ));
+    let trace_ids = [
+        "0af7651916cd43dd8448eb211c80319c",
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+    ];
+    let parent = "b7ad6b7169203331";
+    let records: Vec<Value> = trace_ids
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            serde_json::json!({"key": format!("k{i}"), "value": {"i": i},
+                "headers": [["traceparent", format!("00-{t}-{parent}-01")]]})
+        })
+        .collect();
+    super::reference_produce(serde_json::json!({
+        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"},
+        "value": {"format": "json"}, "steps": [{"txn": null, "records": records}]
+    }))
+    .await;
+    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let (batch, dispatch) = wait_for(
+        "the batch's consume span and its dispatch span",
+        Duration::from_secs(60),
+        || {
+            let all = spans(&exports.lock().unwrap());
+            let batch = all
+                .iter()
+                .find(|s| {
+                    span_is(s, "consume")
+                        && int_attribute(s, "messaging.batch.message_count") == Some(2)
+                })?
+                .clone();
+            let dispatch = all
+                .iter()
+                .find(|s| s["name"] == "dispatch" && s["parentSpanId"] == batch["spanId"])?
+                .clone();
+            Some((batch, dispatch))
+        },
+    )
+    .await;
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    assert_eq!(batch["name"], format!("process {topic}"));
+    assert_eq!(
+        attribute(&batch, "messaging.destination.name"),
+        Some(serde_json::json!({"stringValue": topic}))
+    );
+    assert_eq!(int_attribute(&batch, "tessel.batch.first_offset"), Some(0));
+    assert_eq!(int_attribute(&batch, "tessel.batch.last_offset"), Some(1));
+    let mut linked: Vec<(String, String)> = batch["links"]
+        .as_array()
+        .expect("the batch span's links")
+        .iter()
+        .map(|l| {
+            (
+                l["traceId"].as_str().unwrap_or_default().to_owned(),
+                l["spanId"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    linked.sort();
+    assert_eq!(
+        linked,
+        trace_ids
+            .iter()
+            .map(|t| (t.to_string(), parent.to_owned()))
+            .collect::<Vec<_>>(),
+        "linked to each record's producer span"
+    );
+    assert_eq!(dispatch["traceId"], batch["traceId"]);
+    let runs = d.runs();
+    assert_eq!(runs.len(), 2, "both records accepted in the batch");
+    let expected = format!(
+        "00-{}-{}-01",
+        dispatch["traceId"].as_str().unwrap(),
+        dispatch["spanId"].as_str().unwrap()
+    );
+    for r in &runs {
+        assert_eq!(
+            r.traceparent.as_deref(),
+            Some(expected.as_str()),
+            "the run continues the dispatch span"
+        );
+    }
+}
+
 /// The lag of a paused partition keeps following the log end: a paused partition is not
 /// fetched, so its end offset has to come from somewhere else than fetch responses.
 #[tokio::test]
