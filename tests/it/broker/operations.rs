@@ -351,6 +351,39 @@ fn attribute(span: &Value, key: &str) -> Option<Value> {
         .map(|a| a["value"].clone())
 }
 
+/// The traces of the two records [`produce_traced`] writes, and their producer's span.
+const TRACE_IDS: [&str; 2] = [
+    "0af7651916cd43dd8448eb211c80319c",
+    "4bf92f3577b34da6a3ce929d0e0e4736",
+];
+const PRODUCER_SPAN: &str = "b7ad6b7169203331";
+
+/// Writes two JSON records to `topic` (keys `k0`, `k1`), each with a `traceparent` of one of
+/// [`TRACE_IDS`] under [`PRODUCER_SPAN`].
+async fn produce_traced(topic: &str) {
+    let records: Vec<Value> = TRACE_IDS
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            serde_json::json!({"key": format!("k{i}"), "value": {"i": i},
+                "headers": [["traceparent", format!("00-{t}-{PRODUCER_SPAN}-01")]]})
+        })
+        .collect();
+    super::reference_produce(serde_json::json!({
+        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"},
+        "value": {"format": "json"}, "steps": [{"txn": null, "records": records}]
+    }))
+    .await;
+}
+
+/// A config file exporting spans as OTLP JSON to the fake collector on `collector`, with
+/// `connection` (its TOML).
+fn otlp_config(collector: u16, connection: &str) -> std::path::PathBuf {
+    temp_config(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[otlp]\nendpoint = \"http://127.0.0.1:{collector}\"\nprotocol = \"http_json\"\nexport_interval_ms = 200\nservice_name = \"tessel-kafka-it\"\n{connection}"
+    ))
+}
+
 /// With `[otlp]`, each message is a trace continuing its traceparent: `consume` is a child of
 /// the producer's span, `decode`, `dispatch` and `commit` are children of `consume`, and the
 /// dispatcher receives the `dispatch` span as its traceparent.
@@ -361,28 +394,12 @@ async fn traces_continue_the_message_traceparent_over_otlp() {
     let d = dispatcher(Faults::default()).await;
     let (collector, exports) = fake_collector().await;
     let group = unique("otlp-group");
-    let config = temp_config(&format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n[otlp]\nendpoint = \"http://127.0.0.1:{collector}\"\nprotocol = \"http_json\"\nexport_interval_ms = 200\nservice_name = \"tessel-kafka-it\"\n{}",
-        connection_toml(&group, &topic, &d.url(), "value_format = \"json\"")
-    ));
-    let trace_ids = [
-        "0af7651916cd43dd8448eb211c80319c",
-        "4bf92f3577b34da6a3ce929d0e0e4736",
-    ];
-    let parent = "b7ad6b7169203331";
-    let records: Vec<Value> = trace_ids
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            serde_json::json!({"key": format!("k{i}"), "value": {"i": i},
-                "headers": [["traceparent", format!("00-{t}-{parent}-01")]]})
-        })
-        .collect();
-    super::reference_produce(serde_json::json!({
-        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"},
-        "value": {"format": "json"}, "steps": [{"txn": null, "records": records}]
-    }))
-    .await;
+    let config = otlp_config(
+        collector,
+        &connection_toml(&group, &topic, &d.url(), "value_format = \"json\""),
+    );
+    let (trace_ids, parent) = (TRACE_IDS, PRODUCER_SPAN);
+    produce_traced(&topic).await;
     let mut daemon = spawn_daemon(&config, Stdio::null());
     let all = wait_for(
         "consume, decode, dispatch and commit spans of both messages",
@@ -457,33 +474,17 @@ async fn a_batch_is_one_span_linked_to_each_record_trace_over_otlp() {
     let d = dispatcher(Faults::default()).await;
     let (collector, exports) = fake_collector().await;
     let group = unique("otlp-batch-group");
-    let config = temp_config(&format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n[otlp]\nendpoint = \"http://127.0.0.1:{collector}\"\nprotocol = \"http_json\"\nexport_interval_ms = 200\nservice_name = \"tessel-kafka-it\"\n{}",
-        connection_toml(
+    let config = otlp_config(
+        collector,
+        &connection_toml(
             &group,
             &topic,
             &d.url(),
-            "value_format = \"json\"\nbatch = { max_records = 2, max_wait_ms = 60000 }"
-        )
-    ));
-    let trace_ids = [
-        "0af7651916cd43dd8448eb211c80319c",
-        "4bf92f3577b34da6a3ce929d0e0e4736",
-    ];
-    let parent = "b7ad6b7169203331";
-    let records: Vec<Value> = trace_ids
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            serde_json::json!({"key": format!("k{i}"), "value": {"i": i},
-                "headers": [["traceparent", format!("00-{t}-{parent}-01")]]})
-        })
-        .collect();
-    super::reference_produce(serde_json::json!({
-        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"},
-        "value": {"format": "json"}, "steps": [{"txn": null, "records": records}]
-    }))
-    .await;
+            "value_format = \"json\"\nbatch = { max_records = 2, max_wait_ms = 60000 }",
+        ),
+    );
+    let (trace_ids, parent) = (TRACE_IDS, PRODUCER_SPAN);
+    produce_traced(&topic).await;
     let mut daemon = spawn_daemon(&config, Stdio::null());
     let (batch, dispatch) = wait_for(
         "the batch's consume span and its dispatch span",
