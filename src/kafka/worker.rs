@@ -533,7 +533,7 @@ async fn attempt_once(
             "dispatch",
             otel.kind = "client",
             tessel.workflow = %trigger.config.workflow,
-            tessel.attempt = attempts.total,
+            tessel.attempt = i64::from(attempts.total),
             tessel.dispatch.outcome = tracing::field::Empty,
         );
         // With traces exported the run continues this span's trace.

@@ -443,6 +443,11 @@ async fn traces_continue_the_message_traceparent_over_otlp() {
             );
         }
         let dispatch = of_trace.iter().find(|s| s["name"] == "dispatch").unwrap();
+        assert_eq!(
+            attribute(dispatch, "tessel.attempt").map(|v| v["intValue"].clone()),
+            Some(serde_json::json!("1")),
+            "the attempt, an integer"
+        );
         let sent = d
             .runs()
             .iter()
@@ -536,6 +541,17 @@ async fn a_batch_is_one_span_linked_to_each_record_trace_over_otlp() {
         "linked to each record's producer span"
     );
     assert_eq!(dispatch["traceId"], batch["traceId"]);
+    for (span, key, value) in [
+        (&batch, "messaging.batch.message_count", "2"),
+        (&dispatch, "messaging.batch.message_count", "2"),
+        (&dispatch, "tessel.attempt", "1"),
+    ] {
+        assert_eq!(
+            attribute(span, key).map(|v| v["intValue"].clone()),
+            Some(serde_json::json!(value)),
+            "{key}, an integer"
+        );
+    }
     let runs = d.runs();
     assert_eq!(runs.len(), 2, "both records accepted in the batch");
     let expected = format!(
