@@ -6,13 +6,13 @@
 //!   offset tracking, workers.
 //! - [`codec`]: Confluent wire format, Schema Registry client, Avro/Protobuf/JSON to JSON.
 //! - [`dispatch`]: the run dispatcher client and retry policy.
-//! - [`event`]: the event contract sent to the dispatcher.
+//! - [`dispatch::event`]: the event contract sent to the dispatcher.
 //! - [`produce`]: the produce API and command: encode, authorize, write.
-//! - [`cli`], [`commands`]: the command line and what each command does.
+//! - [`cli`], [`cli::commands`]: the command line and what each command does.
 //! - [`app`], [`shutdown`], [`admin`], [`telemetry`]: running the daemon.
-//! - [`tools`]: offsets show / reset and dead-letter replay.
-//! - [`preflight`]: `tessel-kafka check`, the connection and permission checks.
-//! - [`dev_dispatcher`]: a local dispatcher for the quick start and tests.
+//! - [`ops::tools`]: offsets show / reset and dead-letter replay.
+//! - [`ops::check`]: `tessel-kafka check`, the connection and permission checks.
+//! - [`cli::dev_dispatcher`]: a local dispatcher for the quick start and tests.
 
 pub mod admin;
 pub mod app;

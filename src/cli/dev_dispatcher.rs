@@ -4,7 +4,7 @@
 //! A batch (a batch trigger's `{"events": [...]}`, or a CloudEvents structured batch) is a run
 //! per event, by the event's `id`; given events can be reported failed (`{"failed": [...]}`)
 //! or make the batch rejected (422).
-//! [`bench`] is its measuring mode for `scripts/bench`.
+//! [`mod@bench`] is its measuring mode for `scripts/bench`.
 
 pub mod bench;
 

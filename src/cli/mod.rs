@@ -113,7 +113,7 @@ pub enum OffsetsCommand {
         /// The connection (needed when the file has several).
         #[arg(long)]
         connection: Option<String>,
-        /// earliest, latest, timestamp:<ms since the epoch> or offset:<n>.
+        /// earliest, latest, timestamp:MS (milliseconds since the epoch) or offset:N.
         #[arg(long)]
         to: crate::ops::tools::ResetTo,
         /// Only this topic (default: all of the connection's topics).

@@ -1,4 +1,4 @@
-//! JSON to Avro values, driven by the schema: the inverse of [`super::avro::to_json`].
+//! JSON to Avro values, driven by the schema: the inverse of [`super::avro::decode`].
 //!
 //! Accepts what the decoder writes (unions unwrapped, enums by symbol, bytes and fixed in
 //! base64, decimals as strings, dates and timestamps in RFC 3339) and the obvious

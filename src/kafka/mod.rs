@@ -13,7 +13,7 @@
 //! to the async [`supervisor`], which schedules messages per key ([`scheduler`]), tracks
 //! offsets ([`offsets`]) and spawns a task per started message ([`worker`]), or, for a batch
 //! trigger, per batch of a partition's records ([`batch`] decides, `batch_worker` sends).
-//! A connection without triggers runs none of this, only [`produce_only`]'s health probe.
+//! A connection without triggers runs none of this, only [`crate::produce::produce_only`]'s health probe.
 
 pub mod aws_credentials;
 pub mod batch;
