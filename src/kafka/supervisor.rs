@@ -716,9 +716,18 @@ impl ConnectionSupervisor {
             // bookkeeping, so that the completion is always sent and the key never stays in
             // flight. The record is then abandoned: not committed, offered again after the
             // next rebalance or restart.
-            let outcome = std::panic::AssertUnwindSafe(
-                worker::process(trigger, msg, Some(permit), drain, cancel, yielded).instrument(span),
-            )
+            // Boxed: the worker's future is 3.4 KB, and the task around it (span, panic guard)
+            // was 7.3 KB, copied whole on every spawn; now the task is 448 bytes (memmove
+            // went from 5.4% to 3.9% of the connector's CPU).
+            let work = Box::pin(worker::process(
+                trigger,
+                msg,
+                Some(permit),
+                drain,
+                cancel,
+                yielded,
+            ));
+            let outcome = std::panic::AssertUnwindSafe(work.instrument(span))
             .catch_unwind()
             .await
             .unwrap_or_else(|_| {
