@@ -2,6 +2,7 @@
 //! unions are unwrapped, enums are their symbol, bytes and fixed are base64, decimals are
 //! strings, dates and timestamps are RFC 3339, longs are exact JSON integers.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use apache_avro::schema::{InnerDecimalSchema, Name, Schema, UuidSchema};
@@ -10,8 +11,9 @@ use serde_json::{json, Map, Value as Json};
 
 use super::time;
 
-/// Named schemas by full name, to resolve `Schema::Ref`.
-pub(crate) struct Names<'a>(HashMap<Name, &'a Schema>);
+/// Named schemas by full name, to resolve `Schema::Ref`. The names are borrowed from the
+/// schemas: building the table allocates one map, no name.
+pub(crate) struct Names<'a>(HashMap<&'a Name, &'a Schema>);
 
 impl<'a> Names<'a> {
     pub(crate) fn collect(schemas: impl IntoIterator<Item = &'a Schema>) -> Self {
@@ -28,24 +30,24 @@ impl<'a> Names<'a> {
     }
 }
 
-fn walk<'a>(schema: &'a Schema, names: &mut HashMap<Name, &'a Schema>) {
+fn walk<'a>(schema: &'a Schema, names: &mut HashMap<&'a Name, &'a Schema>) {
     match schema {
-        Schema::Record(r) if names.insert(r.name.clone(), schema).is_none() => {
+        Schema::Record(r) if names.insert(&r.name, schema).is_none() => {
             for f in &r.fields {
                 walk(&f.schema, names);
             }
         }
         Schema::Enum(e) => {
-            let _ = names.insert(e.name.clone(), schema);
+            let _ = names.insert(&e.name, schema);
         }
         Schema::Fixed(f) | Schema::Duration(f) | Schema::Uuid(UuidSchema::Fixed(f)) => {
-            let _ = names.insert(f.name.clone(), schema);
+            let _ = names.insert(&f.name, schema);
         }
         // A decimal on a named fixed is referred to by the fixed's name; the reference must
         // find the decimal, not a bare fixed, or the scale is lost.
         Schema::Decimal(d) => {
             if let InnerDecimalSchema::Fixed(f) = &d.inner {
-                let _ = names.insert(f.name.clone(), schema);
+                let _ = names.insert(&f.name, schema);
             }
         }
         Schema::Array(a) => walk(&a.items, names),
@@ -68,7 +70,11 @@ pub(crate) fn decode(
     body: &[u8],
     limits: &Limits,
 ) -> Result<Json, Refusal> {
-    let names = Names::collect(std::iter::once(schema).chain(references.iter()));
+    let names = LazyNames {
+        schema,
+        references,
+        names: OnceCell::new(),
+    };
     let mut reader = Reader {
         buf: body,
         names: &names,
@@ -140,9 +146,28 @@ const MAX_DECIMAL_BYTES: usize = 128;
 /// The largest scale magnitude of an Avro `big-decimal`.
 const MAX_BIG_DECIMAL_SCALE: i64 = 1_000;
 
+/// The table of named schemas, built on the first `Schema::Ref` a datum meets: most records
+/// never refer to a type by name, and building it per record was a map and a walk of the
+/// schema for every message.
+struct LazyNames<'n> {
+    schema: &'n Schema,
+    references: &'n [Schema],
+    names: OnceCell<Names<'n>>,
+}
+
+impl<'n> LazyNames<'n> {
+    fn get(&self, name: &Name) -> Option<&'n Schema> {
+        self.names
+            .get_or_init(|| {
+                Names::collect(std::iter::once(self.schema).chain(self.references.iter()))
+            })
+            .get(name)
+    }
+}
+
 struct Reader<'a, 'n> {
     buf: &'a [u8],
-    names: &'n Names<'n>,
+    names: &'n LazyNames<'n>,
     budget: usize,
     max_depth: usize,
 }

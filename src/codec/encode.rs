@@ -211,6 +211,7 @@ impl Encoder {
             CompiledSchema::Avro {
                 schema: s,
                 references,
+                ..
             } => {
                 let names = Names::collect(std::iter::once(s).chain(references.iter()));
                 let value = avro_json::from_json(json, s, &names).map_err(mismatch)?;

@@ -46,13 +46,13 @@ pub struct SchemaInfo {
     pub id: Option<u32>,
     /// Registry subject, when known.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub subject: Option<String>,
+    pub subject: Option<Arc<str>>,
     /// Version within the subject, when known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<i64>,
     /// Full record or message name (Avro record, Protobuf message, JSON Schema title).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
+    pub name: Option<Arc<str>>,
 }
 
 /// A decoded key or value.
@@ -236,13 +236,17 @@ impl Decoder {
         };
         let format = info.format;
         let value = match &schema.kind {
-            CompiledSchema::Avro { schema, references } => {
+            CompiledSchema::Avro {
+                schema,
+                references,
+                name,
+            } => {
                 let v =
                     avro::decode(schema, references, body, &self.limits).map_err(|r| match r {
                         avro::Refusal::Payload(reason) => DecodeError::Payload { format, reason },
                         avro::Refusal::Limit(reason) => DecodeError::Limit { format, reason },
                     })?;
-                info.name = avro::schema_name(schema);
+                info.name = name.clone();
                 v
             }
             CompiledSchema::Protobuf { file } => {
@@ -256,7 +260,7 @@ impl Decoder {
                     }
                 })?;
                 check_shape(&v, body.len(), &self.limits, format)?;
-                info.name = Some(name);
+                info.name = Some(Arc::from(name));
                 v
             }
             CompiledSchema::Json { schema, validator } => {
@@ -271,10 +275,7 @@ impl Decoder {
                         ),
                     });
                 }
-                info.name = schema
-                    .get("title")
-                    .and_then(Json::as_str)
-                    .map(str::to_owned);
+                info.name = schema.get("title").and_then(Json::as_str).map(Arc::from);
                 v
             }
         };
@@ -462,6 +463,45 @@ mod tests {
             assert_eq!(e.class(), "decode_limit", "depth {depth}: {e}");
             assert_eq!(e.disposition(), Disposition::Reject);
         }
+    }
+
+    #[test]
+    fn an_avro_records_schema_block_is_shared_not_rebuilt_per_record() {
+        let mut schema = compile(
+            registry::SchemaType::Avro,
+            r#"{"type":"record","name":"Order","namespace":"shop","fields":[
+                {"name":"id","type":"long"},
+                {"name":"next","type":["null","Order"]}]}"#,
+        );
+        schema.subjects = vec![registry::SubjectVersion {
+            subject: "orders-value".into(),
+            version: 3,
+        }];
+        let d = Decoder::new(None);
+        // id 1, next: Order { id 2, next: null } (the union's second branch refers to the
+        // record by name).
+        let body = [0x02, 0x02, 0x04, 0x00];
+        let first = d
+            .decode_resolved(&schema, &body, "orders", Field::Value)
+            .unwrap();
+        let second = d
+            .decode_resolved(&schema, &body, "orders", Field::Value)
+            .unwrap();
+        assert_eq!(
+            first.value,
+            serde_json::json!({"id": 1, "next": {"id": 2, "next": null}})
+        );
+        assert_eq!(first.schema.name.as_deref(), Some("shop.Order"));
+        assert_eq!(first.schema.subject.as_deref(), Some("orders-value"));
+        let (a, b) = (first.schema, second.schema);
+        assert!(Arc::ptr_eq(
+            a.name.as_ref().unwrap(),
+            b.name.as_ref().unwrap()
+        ));
+        assert!(Arc::ptr_eq(
+            a.subject.as_ref().unwrap(),
+            b.subject.as_ref().unwrap()
+        ));
     }
 
     #[test]

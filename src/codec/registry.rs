@@ -53,8 +53,8 @@ pub struct ResolvedSchema {
 /// A subject and version a schema id is registered under.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 pub struct SubjectVersion {
-    /// Subject name.
-    pub subject: String,
+    /// Subject name (shared: every decoded record's `schema.subject` points at it).
+    pub subject: Arc<str>,
     /// Version within the subject.
     pub version: i64,
 }
@@ -68,6 +68,8 @@ pub enum CompiledSchema {
         schema: apache_avro::Schema,
         /// Referenced named schemas.
         references: Vec<apache_avro::Schema>,
+        /// The schema's full name (record, enum or fixed), shared by every decoded record.
+        name: Option<Arc<str>>,
     },
     /// A Protobuf file in a pool holding its imports and the well-known types.
     Protobuf {
@@ -680,7 +682,12 @@ pub(crate) fn compile(
                 .collect();
             let (schema, references) = apache_avro::Schema::parse_str_with_list(text, texts)
                 .map_err(|e| invalid(format!("avro schema does not parse: {e}")))?;
-            Ok(CompiledSchema::Avro { schema, references })
+            let name = super::avro::schema_name(&schema).map(Arc::from);
+            Ok(CompiledSchema::Avro {
+                schema,
+                references,
+                name,
+            })
         }
         SchemaType::Json => {
             let schema = serde_json::from_str(text)
