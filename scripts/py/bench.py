@@ -537,14 +537,19 @@ class Bench:
                 except Failure as e:
                     self.problem(f"no sample request: {e}")
 
-    def phase_wrk(self, dispatcher):
+    def wrk_script(self):
+        """Writes post.lua (once): wrk POSTs the connector's own event with a unique
+        Idempotency-Key per request, prefixed by the script argument so that several wrk runs
+        against one dispatcher never repeat a key. None (and a problem noted) when it cannot."""
+        if getattr(self, "wrk_lua", None):
+            return self.wrk_lua
         if not shutil.which("wrk"):
             self.problem("wrk is not installed (scripts/deps --bench)")
-            return
+            return None
         sample = getattr(self, "sample", None)
         if not sample:
             self.problem("wrk: no sample event")
-            return
+            return None
         body_path = os.path.join(self.workdir, "event.json")
         with open(body_path, "w") as f:
             f.write(sample["body"])
@@ -560,18 +565,31 @@ class Bench:
                 f.write(f"wrk.headers[{json.dumps(n)}] = {json.dumps(v)}\n")
             f.write("local threads = 0\n")
             f.write("function setup(thread) threads = threads + 1; thread:set('tid', threads) end\n")
+            f.write("local prefix = 'wrk'\n")
+            f.write("function init(args) if args[1] then prefix = args[1] end end\n")
             f.write("local n = 0\n")
             f.write("function request()\n  n = n + 1\n"
-                    "  wrk.headers['Idempotency-Key'] = 'wrk:' .. tid .. ':' .. n\n"
+                    "  wrk.headers['Idempotency-Key'] = prefix .. ':' .. tid .. ':' .. n\n"
                     "  return wrk.format()\nend\n")
+        self.wrk_lua = lua
+        return lua
+
+    def run_wrk(self, dispatcher, connections, seconds, tag):
+        """wrk -c`connections` for `seconds` against `dispatcher` (reset first): its rate,
+        the dispatcher's figures and the processes' CPU; None when it failed."""
+        lua = self.wrk_script()
+        if not lua:
+            return None
+        sample = self.sample
         dispatcher.reset()
-        log(f"wrk -t{self.wrk_threads} -c{self.concurrency} -d{self.wrk_seconds}s against the dispatcher")
-        p = subprocess.Popen(["wrk", f"-t{self.wrk_threads}", f"-c{self.concurrency}", f"-d{self.wrk_seconds}s",
-                              "-s", lua, dispatcher.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        log(f"wrk -t{self.wrk_threads} -c{connections} -d{seconds}s against the dispatcher (keys {tag}:*)")
+        p = subprocess.Popen(["wrk", f"-t{self.wrk_threads}", f"-c{connections}", f"-d{seconds}s",
+                              "-s", lua, dispatcher.url, "--", tag],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         w = Window({**self.pids(None, dispatcher.pid), "wrk": p.pid})
         w.start()
         # wrk exits by itself after its duration; the window closes just before it does.
-        time.sleep(self.wrk_seconds - 0.2)
+        time.sleep(seconds - 0.2)
         win = w.stop()
         stdout, stderr = p.communicate(timeout=60)
         r = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
@@ -581,12 +599,12 @@ class Bench:
         non2xx = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", r.stdout)
         if r.returncode != 0 or not m:
             self.problem(f"wrk failed ({r.returncode}): {r.stdout[-500:]} {r.stderr[-500:]}")
-            return
+            return None
         res = {"rate": float(m.group(1)), "requests": int(total.group(1)) if total else None,
                "non_2xx": int(non2xx.group(1)) if non2xx else 0, "dispatcher_runs": s["runs"],
                "duplicates": s["duplicates"], "threads": self.wrk_threads,
-               "connections": self.concurrency, "body_bytes": len(sample["body"].encode()),
-               "window": win}
+               "connections": connections, "body_bytes": len(sample["body"].encode()),
+               "held_mean_ms": round(s["held_mean_ms"], 3), "window": win}
         # A batch trigger's sample is a batch: wrk sends the same events again and again (only
         # the Idempotency-Key changes), so its events are duplicates by design; the rate is of
         # batch requests, each of `events_per_request` events.
@@ -597,8 +615,13 @@ class Bench:
         res["events_per_request"] = len(events) if isinstance(events, list) else 1
         if res["non_2xx"] or (s["duplicates"] and events is None):
             self.problem(f"wrk: {res['non_2xx']} non-2xx answers, {s['duplicates']} duplicates")
-        self.result["phases"]["wrk"] = res
-        log(f"wrk: {res['rate']:.0f} requests/s, body {res['body_bytes']} bytes")
+        return res
+
+    def phase_wrk(self, dispatcher):
+        res = self.run_wrk(dispatcher, self.concurrency, self.wrk_seconds, "wrk")
+        if res:
+            self.result["phases"]["wrk"] = res
+            log(f"wrk: {res['rate']:.0f} requests/s, body {res['body_bytes']} bytes")
 
     def phase_delay(self):
         d = Dispatcher(self.args.binary, self.hold_ms, self.workdir, f"dispatcher-hold-{self.hold_ms}ms")
@@ -612,6 +635,14 @@ class Bench:
                 if res["held_mean_ms"]:
                     res["ratio_to_ideal_at_measured_hold"] = round(
                         res["rate"] / (c * 1000.0 / res["held_mean_ms"]), 3)
+                # The same held dispatcher under wrk at the same concurrency: what an HTTP
+                # client that does nothing else gets from it on this machine.
+                base = self.run_wrk(d, c, min(self.wrk_seconds, 5), f"wrk-{name}")
+                if base:
+                    base["ratio_to_ideal"] = round(base["rate"] / res["ideal_rate"], 3)
+                    res["wrk"] = base
+                    log(f"{name}: wrk {base['rate']:.0f} requests/s ({base['ratio_to_ideal']} of the "
+                        f"ideal), mean hold {base['held_mean_ms']} ms")
                 self.result["phases"][name] = res
         finally:
             d.stop()
@@ -756,6 +787,12 @@ class Bench:
                 row(f"{self.hold_ms} ms dispatcher, c{c}, runs/s", d["rate"], f"ideal {d['ideal_rate']:.0f}/s",
                     d["ratio_to_ideal"], ">= 0.9", load_of(d))
                 row(f"{self.hold_ms} ms dispatcher, c{c}: mean hold ms", d["held_mean_ms"], None, None, None, load_of(d))
+                b = d.get("wrk")
+                if b:
+                    row(f"{self.hold_ms} ms dispatcher, c{c}: wrk req/s", b["rate"], f"ideal {d['ideal_rate']:.0f}/s",
+                        b["ratio_to_ideal"], None, load_of(b))
+                    row(f"{self.hold_ms} ms dispatcher, c{c}: runs ÷ wrk", d["rate"], f"wrk {b['rate']:.0f}/s",
+                        round(d["rate"] / b["rate"], 3), None, load_of(d))
                 row(f"{self.hold_ms} ms dispatcher, c{c}: peak in flight", d["in_flight_peak"], f"of {c}",
                     round(d["in_flight_peak"] / c, 3), None, load_of(d))
         lat = ph.get("latency")
