@@ -263,7 +263,9 @@ impl Decoder {
                 info.name = Some(Arc::from(name));
                 v
             }
-            CompiledSchema::Json { schema, validator } => {
+            CompiledSchema::Json {
+                validator, title, ..
+            } => {
                 let v: Json = parse_json(body, format)?;
                 check_shape(&v, body.len(), &self.limits, format)?;
                 if let Some(e) = validator.iter_errors(&v).next() {
@@ -275,7 +277,7 @@ impl Decoder {
                         ),
                     });
                 }
-                info.name = schema.get("title").and_then(Json::as_str).map(Arc::from);
+                info.name = title.clone();
                 v
             }
         };
@@ -538,6 +540,10 @@ mod tests {
         assert!(e.to_string().contains("$.lines[1].qty"), "{e}");
         let e = decode_compiled(&kind, br#"{"lines":[]}"#).unwrap_err();
         assert_eq!(e.class(), "payload", "{e}");
+        let decoded = Decoder::new(None)
+            .decode_resolved(&kind, br#"{"id":1}"#, "t", Field::Value)
+            .unwrap();
+        assert_eq!(decoded.schema.name.as_deref(), Some("Order"));
     }
 
     /// The cost per event of validating JSON Schema payloads on consume, printed (run with

@@ -83,6 +83,8 @@ pub enum CompiledSchema {
         /// Its validator, compiled once per schema id with the referenced schemas, used on
         /// consume and on produce.
         validator: Arc<jsonschema::Validator>,
+        /// The document's `title`, shared by every decoded record.
+        title: Option<Arc<str>>,
     },
 }
 
@@ -716,9 +718,14 @@ pub(crate) fn compile(
             let validator = options
                 .build(&schema)
                 .map_err(|e| invalid(format!("json schema does not compile: {e}")))?;
+            let title = schema
+                .get("title")
+                .and_then(serde_json::Value::as_str)
+                .map(Arc::from);
             Ok(CompiledSchema::Json {
                 schema,
                 validator: Arc::new(validator),
+                title,
             })
         }
         SchemaType::Protobuf => {
