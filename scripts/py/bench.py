@@ -620,8 +620,62 @@ class Bench:
     def phase_wrk(self, dispatcher):
         res = self.run_wrk(dispatcher, self.concurrency, self.wrk_seconds, "wrk")
         if res:
+            w = res["window"]["cores"].get("wrk")
+            res["cpu_us_per_request"] = round(w * 1e6 / res["rate"], 2) if w and res["rate"] else None
             self.result["phases"]["wrk"] = res
-            log(f"wrk: {res['rate']:.0f} requests/s, body {res['body_bytes']} bytes")
+            log(f"wrk: {res['rate']:.0f} requests/s, body {res['body_bytes']} bytes, "
+                f"{res['cpu_us_per_request']} µs CPU/request")
+
+    def phase_client(self, dispatcher):
+        """The connector's own HTTP client (`tessel-kafka dev-http-load`: the trigger's
+        HttpDispatcher, its pool and headers) POSTing the same event to the same dispatcher
+        with as many connections as wrk: the HTTP path of a run without Kafka."""
+        sample = getattr(self, "sample", None)
+        if not sample:
+            self.problem("client: no sample event")
+            return
+        body_path = os.path.join(self.workdir, "event.json")
+        with open(body_path, "w") as f:
+            f.write(sample["body"])
+        # The headers the connector sets itself are set again by the client; the rest (a
+        # batch's or an envelope's) are passed on.
+        own = {"host", "content-length", "idempotency-key", "connection", "content-type",
+               "user-agent", "traceparent"}
+        args = [self.args.binary, "dev-http-load", "--url", dispatcher.url, "--body", body_path,
+                "--connections", str(self.concurrency), "--seconds", str(self.wrk_seconds),
+                "--key-prefix", f"client-{self.run_id}"]
+        for n, v in sample["headers"]:
+            if n.lower() not in own:
+                args += ["--header", f"{n}: {v}"]
+        dispatcher.reset()
+        log(f"client: the connector's HTTP client, {self.concurrency} connections, {self.wrk_seconds} s")
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "RUST_LOG": "warn"})
+        w = Window({**self.pids(None, dispatcher.pid), "client": p.pid})
+        w.start()
+        time.sleep(max(0.1, self.wrk_seconds - 0.2))
+        win = w.stop()
+        out, err = p.communicate(timeout=60)
+        if p.returncode != 0:
+            self.problem(f"client failed ({p.returncode}): {err[-500:]}")
+            return
+        r = json.loads(out)
+        s = dispatcher.stats()
+        cores = win["cores"].get("client")
+        res = {**r, "connections": self.concurrency, "dispatcher_runs": s["runs"],
+               "duplicates": s["duplicates"],
+               "cpu_us_per_request": round(cores * 1e6 / r["rate"], 2) if cores and r["rate"] else None,
+               "window": win}
+        try:
+            batch = isinstance(json.loads(sample["body"]).get("events"), list)
+        except (ValueError, AttributeError):
+            batch = False
+        # A batch's events repeat in every request by design (only the key changes).
+        if r["accepted"] != r["requests"] or (s["duplicates"] and not batch):
+            self.problem(f"client: {r['requests'] - r['accepted']} requests not accepted "
+                         f"({r.get('first_failure')}), {s['duplicates']} duplicates")
+        self.result["phases"]["client"] = res
+        log(f"client: {r['rate']:.0f} requests/s, {res['cpu_us_per_request']} µs CPU/request")
 
     def phase_delay(self):
         d = Dispatcher(self.args.binary, self.hold_ms, self.workdir, f"dispatcher-hold-{self.hold_ms}ms")
@@ -713,6 +767,8 @@ class Bench:
                "latency_ms": s["latency_ms"], "kcat_latency_ms": kcat_latency,
                "in_flight_peak": s["in_flight_peak"],
                "connector_exit": rc, "window": win}
+        conn = win["cores"].get("connector")
+        res["cpu_us_per_event"] = round(conn * 1e6 / p["rate"], 2) if conn and p["rate"] else None
         total = before["runs"] + s["runs"]
         if total != expected:
             self.problem(f"latency: {total} runs for {expected} records")
@@ -736,6 +792,7 @@ class Bench:
             try:
                 self.phase_drains(d0)
                 self.phase_wrk(d0)
+                self.phase_client(d0)
                 if self.delay_concurrency:
                     self.phase_delay()
                 if self.latency_seconds > 0:
@@ -772,8 +829,15 @@ class Bench:
                 continue
             row(f"drain {o}, c{d['concurrency']}, events/s", d["rate"], f"wrk {wrk:.0f}/s" if wrk else None,
                 round(d["rate"] / wrk, 3) if wrk else None, ">= 0.5 (0.8)", load_of(d))
+            # The CPU of a run against what its two halves cost alone on this machine: reading
+            # the record (kcat) and POSTing it (the connector's own HTTP client; wrk).
+            client = ph.get("client", {}).get("cpu_us_per_request")
+            floor = (client or 0) + (ph["kcat"]["cpu_us_per_event"] if kcat else 0)
             row(f"drain {o}: connector CPU µs/event", d["cpu_us_per_event"],
-                f"kcat {ph['kcat']['cpu_us_per_event']}" if kcat else None, None, "<= 15 (8)", load_of(d))
+                f"client+kcat {floor:.3g}" if client else
+                (f"kcat {ph['kcat']['cpu_us_per_event']}" if kcat else None),
+                round(d["cpu_us_per_event"] / floor, 3) if client and d["cpu_us_per_event"] else None,
+                "<= 15 (8)", load_of(d))
             row(f"drain {o}: peak RSS MiB", d["peak_rss_mib"], None, None, None, load_of(d))
             row(f"drain {o}: peak runs in flight", d["in_flight_peak"], f"of {d['concurrency']}",
                 round(d["in_flight_peak"] / d["concurrency"], 3), None, load_of(d))
@@ -795,6 +859,14 @@ class Bench:
                         round(d["rate"] / b["rate"], 3), None, load_of(d))
                 row(f"{self.hold_ms} ms dispatcher, c{c}: peak in flight", d["in_flight_peak"], f"of {c}",
                     round(d["in_flight_peak"] / c, 3), None, load_of(d))
+        c = ph.get("client")
+        if c:
+            row(f"HTTP client alone, c{c['connections']}, req/s", c["rate"], f"wrk {wrk:.0f}/s" if wrk else None,
+                round(c["rate"] / wrk, 3) if wrk else None, None, load_of(c))
+            wcpu = ph.get("wrk", {}).get("cpu_us_per_request")
+            row("HTTP client alone: CPU µs/request", c["cpu_us_per_request"], f"wrk {wcpu}" if wcpu else None,
+                round(c["cpu_us_per_request"] / wcpu, 3) if wcpu and c["cpu_us_per_request"] else None,
+                None, load_of(c))
         lat = ph.get("latency")
         if lat:
             l = lat["latency_ms"]
@@ -808,8 +880,12 @@ class Bench:
             row(f"live {lat['offered_rate']}/s: p50 ms", l.get("p50"), *vs_kcat("p50"), None, load_of(lat))
             row(f"live {lat['offered_rate']}/s: p99 ms", l.get("p99"), *vs_kcat("p99"), "<= 20", load_of(lat))
             row(f"live {lat['offered_rate']}/s: max ms", l.get("max"), None, None, None, load_of(lat))
+            row(f"live {lat['offered_rate']}/s: connector CPU µs/event", lat.get("cpu_us_per_event"), None, None,
+                None, load_of(lat))
         if wrk:
             row(f"wrk -c{self.concurrency} req/s (ceiling)", wrk, None, None, None, load_of(ph["wrk"]))
+            row(f"wrk -c{self.concurrency}: CPU µs/request", ph["wrk"].get("cpu_us_per_request"), None, None, None,
+                load_of(ph["wrk"]))
         if kcat:
             row("kcat -C -e read_committed records/s", kcat, None, None, None, load_of(ph["kcat"]))
         return rows

@@ -141,6 +141,41 @@ pub async fn execute(cli: Cli) -> ExitCode {
                 Err(e) => fail(&format!("cannot listen on {listen}: {e}")),
             }
         }
+        Command::DevHttpLoad {
+            url,
+            body,
+            headers,
+            connections,
+            seconds,
+            key_prefix,
+        } => {
+            let body = match std::fs::read(&body) {
+                Ok(b) => b,
+                Err(e) => return fail(&format!("cannot read {}: {e}", body.display())),
+            };
+            let mut extra = std::collections::BTreeMap::new();
+            for h in headers {
+                let Some((name, value)) = h.split_once(':') else {
+                    return fail(&format!("--header {h:?}: expected `name: value`"));
+                };
+                let _ = extra.insert(name.trim().to_owned(), value.trim().to_owned());
+            }
+            let load = crate::cli::http_load::Load {
+                url,
+                headers: extra,
+                body,
+                connections,
+                duration: std::time::Duration::from_secs_f64(seconds.max(0.0)),
+                key_prefix,
+            };
+            match load.run().await {
+                Ok(report) => {
+                    println!("{}", serde_json::to_string(&report).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod commands;
 pub mod dev_dispatcher;
+pub mod http_load;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -76,6 +77,30 @@ pub enum Command {
         /// --latency-ms); figures at GET /stats (see `dev_dispatcher::bench`).
         #[arg(long, conflicts_with_all = ["fail_ratio", "fail_status"])]
         bench: bool,
+    },
+    /// POST one body to a dispatcher through the connector's own HTTP client, --connections
+    /// requests at a time, for --seconds; prints what it did as JSON (scripts/bench's
+    /// baseline for the HTTP path of a run, without Kafka).
+    #[command(hide = true)]
+    DevHttpLoad {
+        /// The dispatcher URL.
+        #[arg(long)]
+        url: String,
+        /// File holding the request body.
+        #[arg(long)]
+        body: PathBuf,
+        /// Extra request header, `name: value` (repeatable).
+        #[arg(long = "header")]
+        headers: Vec<String>,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+        /// How long to send for.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Idempotency keys are `<prefix>:<n>`.
+        #[arg(long, default_value = "load")]
+        key_prefix: String,
     },
 }
 
