@@ -113,13 +113,7 @@ mod tests {
     #[tokio::test]
     async fn every_request_reaches_the_dispatcher_once_with_its_own_key() {
         let token = CancellationToken::new();
-        let d = BenchDispatcher::start(
-            "127.0.0.1:0".parse().unwrap(),
-            Duration::ZERO,
-            token.clone(),
-        )
-        .await
-        .unwrap();
+        let d = BenchDispatcher::local(token.clone()).await;
         let body = serde_json::to_vec(&serde_json::json!({
             "topic": "t", "partition": 0, "offset": 1, "timestamp_ms": 1, "key": "k"
         }))

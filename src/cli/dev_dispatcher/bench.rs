@@ -69,6 +69,14 @@ impl BenchDispatcher {
         Ok(Self { state, addr })
     }
 
+    /// One on a free local port, answering at once (for tests).
+    #[cfg(test)]
+    pub(crate) async fn local(shutdown: CancellationToken) -> Self {
+        Self::start(([127, 0, 0, 1], 0).into(), Duration::ZERO, shutdown)
+            .await
+            .expect("bind a local port")
+    }
+
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -628,13 +636,7 @@ mod tests {
     #[tokio::test]
     async fn counts_runs_duplicates_key_order_and_latency() {
         let token = CancellationToken::new();
-        let d = BenchDispatcher::start(
-            "127.0.0.1:0".parse().unwrap(),
-            Duration::ZERO,
-            token.clone(),
-        )
-        .await
-        .unwrap();
+        let d = BenchDispatcher::local(token.clone()).await;
         let client = reqwest::Client::new();
         let now_ms = (unix_us() / 1000) as i64;
         let post = |id: &str, offset: i64, key: Value| {
