@@ -10,6 +10,7 @@ pub struct TestConfig {
     group: String,
     topics: Vec<String>,
     dispatcher_url: String,
+    dispatcher_timeout_ms: u64,
     server_listen: Option<String>,
     kafka: BTreeMap<String, String>,
     registry: BTreeMap<String, String>,
@@ -27,6 +28,7 @@ impl TestConfig {
             group: group.to_owned(),
             topics: vec![topic.to_owned()],
             dispatcher_url: dispatcher_url.to_owned(),
+            dispatcher_timeout_ms: 5000,
             server_listen: None,
             kafka: BTreeMap::new(),
             registry: BTreeMap::new(),
@@ -95,6 +97,12 @@ impl TestConfig {
         self
     }
 
+    /// The trigger's dispatch request timeout (default 5000 ms).
+    pub fn dispatcher_timeout_ms(mut self, ms: u64) -> Self {
+        self.dispatcher_timeout_ms = ms;
+        self
+    }
+
     /// Serves metrics, health and the produce API on `listen`.
     pub fn server(mut self, listen: &str) -> Self {
         self.server_listen = Some(listen.to_owned());
@@ -132,8 +140,9 @@ impl TestConfig {
             q(&format!("wf-{}", self.topics[0]))
         ));
         out.push_str(&format!(
-            "dispatcher = {{ url = {}, timeout_ms = 5000 }}\n",
-            q(&self.dispatcher_url)
+            "dispatcher = {{ url = {}, timeout_ms = {} }}\n",
+            q(&self.dispatcher_url),
+            self.dispatcher_timeout_ms
         ));
         let retry: Vec<String> = self
             .retry
