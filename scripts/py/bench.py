@@ -537,6 +537,30 @@ class Bench:
                 except Failure as e:
                     self.problem(f"no sample request: {e}")
 
+    def sample_request(self, who):
+        """The connector's first request, for the baselines that replay it: the path of its
+        body (written once) and its headers, less those each request sets for itself. None
+        (and a problem noted) without a sample."""
+        sample = getattr(self, "sample", None)
+        if not sample:
+            self.problem(f"{who}: no sample event")
+            return None
+        body_path = os.path.join(self.workdir, "event.json")
+        if not os.path.exists(body_path):
+            with open(body_path, "w") as f:
+                f.write(sample["body"])
+        per_request = {"host", "content-length", "idempotency-key", "connection"}
+        return body_path, [(n, v) for n, v in sample["headers"] if n.lower() not in per_request]
+
+    def sample_batch_events(self):
+        """How many events the sample carries when it is a batch trigger's, else None.
+        Replaying a batch repeats its events by design (only the Idempotency-Key changes)."""
+        try:
+            events = json.loads(self.sample["body"]).get("events")
+        except (ValueError, AttributeError):
+            events = None
+        return len(events) if isinstance(events, list) else None
+
     def wrk_script(self):
         """Writes post.lua (once): wrk POSTs the connector's own event with a unique
         Idempotency-Key per request, prefixed by the script argument so that several wrk runs
@@ -546,15 +570,10 @@ class Bench:
         if not shutil.which("wrk"):
             self.problem("wrk is not installed (scripts/deps --bench)")
             return None
-        sample = getattr(self, "sample", None)
-        if not sample:
-            self.problem("wrk: no sample event")
+        request = self.sample_request("wrk")
+        if not request:
             return None
-        body_path = os.path.join(self.workdir, "event.json")
-        with open(body_path, "w") as f:
-            f.write(sample["body"])
-        skip = {"host", "content-length", "idempotency-key", "connection"}
-        headers = [(n, v) for n, v in sample["headers"] if n.lower() not in skip]
+        body_path, headers = request
         lua = os.path.join(self.workdir, "post.lua")
         with open(lua, "w") as f:
             f.write("-- scripts/bench: POST the connector's event, a unique Idempotency-Key per request\n")
@@ -608,12 +627,9 @@ class Bench:
         # A batch trigger's sample is a batch: wrk sends the same events again and again (only
         # the Idempotency-Key changes), so its events are duplicates by design; the rate is of
         # batch requests, each of `events_per_request` events.
-        try:
-            events = json.loads(sample["body"]).get("events")
-        except (ValueError, AttributeError):
-            events = None
-        res["events_per_request"] = len(events) if isinstance(events, list) else 1
-        if res["non_2xx"] or (s["duplicates"] and events is None):
+        batch = self.sample_batch_events()
+        res["events_per_request"] = batch if batch is not None else 1
+        if res["non_2xx"] or (s["duplicates"] and batch is None):
             self.problem(f"wrk: {res['non_2xx']} non-2xx answers, {s['duplicates']} duplicates")
         return res
 
@@ -630,23 +646,17 @@ class Bench:
         """The connector's own HTTP client (`tessel-kafka dev-http-load`: the trigger's
         HttpDispatcher, its pool and headers) POSTing the same event to the same dispatcher
         with as many connections as wrk: the HTTP path of a run without Kafka."""
-        sample = getattr(self, "sample", None)
-        if not sample:
-            self.problem("client: no sample event")
+        request = self.sample_request("client")
+        if not request:
             return
-        body_path = os.path.join(self.workdir, "event.json")
-        with open(body_path, "w") as f:
-            f.write(sample["body"])
-        # The headers the connector sets itself are set again by the client; the rest (a
-        # batch's or an envelope's) are passed on.
-        own = {"host", "content-length", "idempotency-key", "connection", "content-type",
-               "user-agent", "traceparent"}
+        body_path, headers = request
         args = [self.args.binary, "dev-http-load", "--url", dispatcher.url, "--body", body_path,
                 "--connections", str(self.concurrency), "--seconds", str(self.wrk_seconds),
                 "--key-prefix", f"client-{self.run_id}"]
-        for n, v in sample["headers"]:
-            if n.lower() not in own:
-                args += ["--header", f"{n}: {v}"]
+        # The same headers wrk sends (a configured header takes the place of the client's
+        # own Content-Type and User-Agent, with the same values).
+        for n, v in headers:
+            args += ["--header", f"{n}: {v}"]
         dispatcher.reset()
         log(f"client: the connector's HTTP client, {self.concurrency} connections, {self.wrk_seconds} s")
         p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -666,12 +676,7 @@ class Bench:
                "duplicates": s["duplicates"],
                "cpu_us_per_request": round(cores * 1e6 / r["rate"], 2) if cores and r["rate"] else None,
                "window": win}
-        try:
-            batch = isinstance(json.loads(sample["body"]).get("events"), list)
-        except (ValueError, AttributeError):
-            batch = False
-        # A batch's events repeat in every request by design (only the key changes).
-        if r["accepted"] != r["requests"] or (s["duplicates"] and not batch):
+        if r["accepted"] != r["requests"] or (s["duplicates"] and self.sample_batch_events() is None):
             self.problem(f"client: {r['requests'] - r['accepted']} requests not accepted "
                          f"({r.get('first_failure')}), {s['duplicates']} duplicates")
         self.result["phases"]["client"] = res
