@@ -53,6 +53,9 @@ pub struct StallFacts {
     pub commit_offset: Option<i64>,
     /// The partition is paused.
     pub paused: bool,
+    /// The offsets handled above the commit offset reached their bound: the partition is
+    /// paused until the record at the commit offset is handled.
+    pub gap_full: bool,
 }
 
 /// How long a partition may go without progress before it counts as stalled: `stall_after`,
@@ -73,6 +76,14 @@ pub fn stall_reason(f: &StallFacts, after: Duration) -> Option<String> {
         match f.commit_offset {
             Some(o) => format!("key parked at offset {o}: a message is being retried ({failure})"),
             None => format!("key parked: a message is being retried ({failure})"),
+        }
+    } else if f.gap_full {
+        let bound = super::offsets::MAX_TRACKED_ABOVE;
+        match f.commit_offset {
+            Some(o) => format!(
+                "paused at the gap bound: {bound} records handled above offset {o} wait for it"
+            ),
+            None => format!("paused at the gap bound: {bound} records handled above a gap"),
         }
     } else if f.paused {
         "paused: the partition's buffer is full".to_owned()
@@ -191,6 +202,7 @@ impl Monitor {
                             recent_failure: trigger.recent_failure(after),
                             commit_offset: p.tracker.commit_offset(),
                             paused: p.paused,
+                            gap_full: p.tracker.gap_full(),
                         },
                         after,
                     )
@@ -391,8 +403,20 @@ mod tests {
             stalled(paused.clone()).unwrap(),
             "paused: the partition's buffer is full"
         );
+        let at_gap = StallFacts {
+            gap_full: true,
+            ..paused.clone()
+        };
+        assert_eq!(
+            stalled(at_gap).unwrap(),
+            format!(
+                "paused at the gap bound: {} records handled above offset 41 wait for it",
+                super::super::offsets::MAX_TRACKED_ABOVE
+            )
+        );
         let parked = StallFacts {
             recent_failure: Some("dispatcher failing: HTTP 503".into()),
+            gap_full: true,
             ..paused
         };
         assert_eq!(

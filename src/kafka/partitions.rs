@@ -673,7 +673,7 @@ impl<T: Clone> PartitionSet<T> {
             p.dirty = false;
             // Memory is short (the partition's buffer or the connection's byte budget is
             // full): a batch trigger sends what waits rather than wait for more.
-            let pressed = full || p.queue.waiting() >= per_partition;
+            let pressed = full || p.queue.waiting() >= per_partition || p.tracker.gap_full();
             if !p.revoking
                 && !self.holding
                 && start_ready(
@@ -725,13 +725,26 @@ fn start_ready<T: Clone>(
         return start_batch(p, id, now, pressed, buffered_bytes, batch_timers, out);
     }
     loop {
-        if p.queue.waiting() == 0 || p.tracker.gap_full() {
+        if p.queue.waiting() == 0 {
             return false;
         }
+        // With the gap full only the record at the gap may start: it is what closes it.
+        let gap_head = if p.tracker.gap_full() {
+            match p.tracker.gap_head() {
+                Some(head) => Some(head),
+                None => return false,
+            }
+        } else {
+            None
+        };
         let Ok(permit) = Arc::clone(&p.trigger.permits).try_acquire_owned() else {
             return true;
         };
-        let Some((key, msg)) = p.queue.pop_startable() else {
+        let popped = match gap_head {
+            None => p.queue.pop_startable(),
+            Some(head) => p.queue.pop_startable_if(|m| m.offset() == head),
+        };
+        let Some((key, msg)) = popped else {
             return false;
         };
         let bytes = msg_bytes(&msg);
@@ -774,7 +787,9 @@ fn start_batch<T: Clone>(
     }
     let since = *p.batch_since.get_or_insert(now);
     // One batch of a partition at a time: its records' keys and the commit stay in order.
-    if p.queue.in_flight() > 0 || p.tracker.gap_full() {
+    // With nothing in flight the first waiting record is the one at the gap, so a full gap
+    // does not hold the batch back: it is what closes the gap.
+    if p.queue.in_flight() > 0 {
         return false;
     }
     if !limits.due(waiting, p.batch_bytes, Some(since), now, now_due) {
@@ -1185,6 +1200,72 @@ mod tests {
         let out = process(&mut s);
         assert_eq!(out.resume, vec![tp(0)]);
         assert_eq!(out.starts.len(), 1);
+    }
+
+    /// The handover wedge: a new owner loads a full gap from the previous owner's commit
+    /// metadata, so the gap is full before anything started. The record at the gap must
+    /// start (and nothing else of a single-record trigger until the gap closes), whatever
+    /// the ordering or trigger kind, and the partition then drains.
+    #[test]
+    fn a_new_owner_of_a_full_gap_starts_the_record_at_the_gap_and_drains() {
+        let max = super::super::offsets::MAX_TRACKED_ABOVE as i64;
+        let metadata = format!("tk1:0:1-{max}");
+        let slots = [
+            trigger(8, Ordering::Key),
+            trigger(8, Ordering::Partition),
+            trigger(8, Ordering::Unordered),
+            batch_trigger(8, 3, 1 << 20),
+        ];
+        for slot in slots {
+            let batch = slot.batch.is_some();
+            let mut s = set(100, 1 << 20);
+            s.assign(assigned(0, Some(0), &metadata), slot, Instant::now());
+            // The consumer reads from the committed offset 0: the record at the gap, then
+            // records the metadata lists as handled, then new ones.
+            for o in 0..3 {
+                let _ = s.on_message(msg(0, o, if o == 0 { "parked" } else { "other" }));
+            }
+            for o in max + 1..max + 4 {
+                let _ = s.on_message(msg(0, o, "other"));
+            }
+            let mut started = Vec::new();
+            let mut paused = false;
+            let mut resumed = false;
+            // Later rounds run past any batch's max_wait.
+            let mut now = Instant::now();
+            for round in 0..10 {
+                let mut out = Actions::default();
+                s.process(now, &mut out);
+                now += std::time::Duration::from_secs(2);
+                paused |= out.pause.contains(&tp(0));
+                resumed |= out.resume.contains(&tp(0));
+                if round == 0 {
+                    assert_eq!(out.starts.len(), 1, "one run starts at the gap");
+                    assert_eq!(offsets_of(&out.starts[0])[0], 0);
+                    if !batch {
+                        assert!(out.starts[0].batch.is_empty());
+                    }
+                }
+                for st in out.starts {
+                    let offsets = offsets_of(&st);
+                    started.extend(offsets.iter().copied());
+                    drop(st.permit);
+                    if batch {
+                        let done: Vec<(i64, bool)> = offsets.iter().map(|o| (*o, true)).collect();
+                        let _ = s.on_batch_completion(st.id, st.generation, &done);
+                    } else {
+                        let _ = s.on_completion(st.id, st.generation, &st.key, offsets[0], true);
+                    }
+                }
+            }
+            started.sort_unstable();
+            assert!(
+                paused && resumed,
+                "paused while the gap was full, then resumed"
+            );
+            assert_eq!(started, vec![0, max + 1, max + 2, max + 3]);
+            assert_eq!(commits(&mut s), vec![(0, max + 4, String::new())]);
+        }
     }
 
     #[test]

@@ -90,6 +90,40 @@ impl<T> PartitionQueue<T> {
         popped
     }
 
+    /// Removes and returns the waiting message `wanted` picks, if ordering lets it start now,
+    /// marking its key in flight. Used only while a partition's gap is full, to start the
+    /// record at the gap: with `key` ordering it looks through the ready keys, which is
+    /// bounded by the keys waiting and happens only in that rare state.
+    pub fn pop_startable_if(&mut self, wanted: impl Fn(&T) -> bool) -> Option<(Key, T)> {
+        let popped = match self.ordering {
+            Ordering::Unordered | Ordering::Partition
+                if (self.ordering == Ordering::Unordered || self.in_flight == 0)
+                    && self.fifo.front().is_some_and(|(_, t)| wanted(t)) =>
+            {
+                self.fifo.pop_front()
+            }
+            Ordering::Unordered | Ordering::Partition => None,
+            Ordering::Key => {
+                let keys = &self.keys;
+                let at = self.ready.iter().position(|key| {
+                    keys.get(key)
+                        .and_then(|k| k.waiting.front())
+                        .is_some_and(&wanted)
+                })?;
+                let key = self.ready.remove(at)?;
+                let k = self.keys.get_mut(&key)?;
+                let item = k.waiting.pop_front()?;
+                k.in_flight = true;
+                Some((key, item))
+            }
+        };
+        if popped.is_some() {
+            self.waiting -= 1;
+            self.in_flight += 1;
+        }
+        popped
+    }
+
     /// `partition` ordering (batch triggers): removes and returns the first waiting message
     /// whatever is in flight (a batch takes several at once).
     pub fn pop_fifo(&mut self) -> Option<(Key, T)> {

@@ -3,6 +3,7 @@
 mod batches;
 mod demo;
 mod failures;
+mod handover;
 mod hostile;
 #[cfg(feature = "image-tests")]
 mod image;
