@@ -293,6 +293,13 @@ impl Committer {
     /// `r` was committed: its commit is no longer wanted if it is the latest one, and a
     /// confirmation older than one confirmed before makes that newer one wanted again.
     fn confirm(&mut self, now: Instant, r: &CommitResult) {
+        // A partition this member does not hold (never wanted in this assignment, or
+        // forgotten on revoke): a late answer, say to the revoke's final commit, must not
+        // bring its commit state back, or a later assignment could commit the old offset
+        // and metadata again.
+        if !self.wanted.contains_key(&r.tp) && !self.confirmed.contains_key(&r.tp) {
+            return;
+        }
         let confirmed = self
             .wanted
             .get(&r.tp)
@@ -318,6 +325,13 @@ impl Committer {
                     .insert(r.tp.clone(), (r.offset, r.metadata.clone()));
             }
         }
+    }
+
+    /// Whether a request through the consumer is out without an answer. A revoke's final
+    /// commit waits for it: a request taken before could otherwise reach the broker after
+    /// the final commit and move the offset back.
+    pub fn request_out(&self) -> bool {
+        self.in_flight_since.is_some()
     }
 
     /// When the next request may go out (None while one is out: its answer wakes the caller).
@@ -497,6 +511,30 @@ mod tests {
             "interval"
         );
         assert_eq!(c.take_due(t0 + TICK), vec![(tp(0), 6, String::new())]);
+    }
+
+    #[test]
+    fn no_commit_state_survives_a_revoke_even_when_an_answer_arrives_after_it() {
+        let mut c = Committer::new(TICK, Duration::from_secs(30));
+        let t0 = Instant::now();
+        c.want(t0, tp(0), 9, "tk1:9:2".into());
+        let _ = c.take_due(t0);
+        // Revoked: the final commit goes out on its own, the partition is forgotten, and the
+        // answer to the last request arrives after that.
+        c.forget(&tp(0));
+        c.on_answer(t0 + TICK, &[ok(0, 9)]);
+        // Assigned again (say the topic was recreated, so the group's commit is now 3): an
+        // older answer crossing a newer one must not bring offset 9 back.
+        c.want(t0 + TICK * 2, tp(0), 3, String::new());
+        let _ = c.take_due(t0 + TICK * 2);
+        c.on_answer(t0 + TICK * 3, &[ok(0, 3)]);
+        assert!(!c.is_wanted(&tp(0)));
+        assert_eq!(
+            c.take_due(t0 + TICK * 4),
+            Vec::new(),
+            "9 is never committed again"
+        );
+        assert_eq!(c.next_due(), None);
     }
 
     #[test]

@@ -933,9 +933,11 @@ impl ConnectionSupervisor {
         };
         let in_flight = self.partitions.in_flight_of(&r.partitions);
         let expired = Instant::now() >= r.deadline;
-        // A fallback commit still out could land after the final commit and move the offset
-        // back: its answer comes first.
-        if (in_flight > 0 || self.committer.fallback_busy()) && !expired {
+        // A commit request still out (the consumer's, which the commit thread may not even
+        // have handed to librdkafka yet, or the fallback's) could land after the final commit
+        // and move the offset back: its answer comes first.
+        let commits_out = self.committer.request_out() || self.committer.fallback_busy();
+        if (in_flight > 0 || commits_out) && !expired {
             return;
         }
         let Some(r) = self.pending_revoke.take() else {
