@@ -87,6 +87,7 @@ pub fn dispatcher_answer(text: &str) {
     }
     let headers = [crate::dispatch::event::EventHeader {
         name: "traceparent".into(),
+        name_encoding: "utf8",
         value: Some(text.to_owned()),
         encoding: "utf8",
     }];
@@ -129,11 +130,13 @@ pub fn filter(expression: &str, value: &str) {
     let headers = [
         EventHeader {
             name: "source".to_owned(),
+            name_encoding: "utf8",
             value: Some(value.to_string()),
             encoding: "utf8",
         },
         EventHeader {
             name: "bin".to_owned(),
+            name_encoding: "utf8",
             value: Some("/w==".to_owned()),
             encoding: "base64",
         },

@@ -9,6 +9,7 @@ mod avro;
 pub mod avro_json;
 pub mod encode;
 pub mod fuzz;
+pub mod headers;
 mod protobuf;
 pub mod registry;
 mod time;

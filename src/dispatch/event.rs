@@ -2,7 +2,7 @@
 //! down in `docs/event.md` and `docs/event.schema.json`.
 
 use base64::Engine as _;
-use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::Timestamp;
 use serde::Serialize;
 use serde_json::Value as Json;
@@ -27,12 +27,19 @@ impl std::fmt::Display for TopicPartition {
 /// One record header. Order and duplicates are kept.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct EventHeader {
-    /// Header name.
+    /// Header name: UTF-8 text, or base64 when not valid UTF-8 (Kafka does not check names).
     pub name: String,
+    /// `base64` for a name that is not UTF-8; left out of the JSON for a UTF-8 name.
+    #[serde(skip_serializing_if = "is_utf8")]
+    pub name_encoding: &'static str,
     /// The value: UTF-8 text, or base64 when not valid UTF-8; null when the header has none.
     pub value: Option<String>,
     /// `utf8` or `base64`.
     pub encoding: &'static str,
+}
+
+fn is_utf8(encoding: &&'static str) -> bool {
+    *encoding == UTF8
 }
 
 /// The JSON body POSTed to the run dispatcher.
@@ -84,31 +91,37 @@ pub fn idempotency_key(group: &str, topic: &str, partition: i32, offset: i64) ->
     format!("kafka:{group}:{topic}:{partition}:{offset}")
 }
 
-/// The headers of a record, in order, duplicates kept.
+/// The headers of a record, in order, duplicates kept. Names and values that are not UTF-8
+/// are carried in base64 (read as bytes: see [`crate::codec::headers`]).
 pub fn headers_of(msg: &OwnedMessage) -> Vec<EventHeader> {
-    let Some(headers) = msg.headers() else {
-        return Vec::new();
-    };
-    headers
-        .iter()
+    crate::codec::headers::raw_headers(msg)
         .map(|h| {
-            let (value, encoding) = match h.value {
-                None => (None, "utf8"),
-                Some(bytes) => match std::str::from_utf8(bytes) {
-                    Ok(s) => (Some(s.to_owned()), "utf8"),
-                    Err(_) => (
-                        Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
-                        "base64",
-                    ),
-                },
+            let (name, name_encoding) = text_or_base64(h.name);
+            let (value, encoding) = match h.value.map(text_or_base64) {
+                None => (None, UTF8),
+                Some((v, e)) => (Some(v), e),
             };
             EventHeader {
-                name: h.key.to_owned(),
+                name,
+                name_encoding,
                 value,
                 encoding,
             }
         })
         .collect()
+}
+
+const UTF8: &str = "utf8";
+
+/// `bytes` as text when they are UTF-8, else in base64, with the encoding's name.
+fn text_or_base64(bytes: &[u8]) -> (String, &'static str) {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => (s.to_owned(), UTF8),
+        Err(_) => (
+            base64::engine::general_purpose::STANDARD.encode(bytes),
+            "base64",
+        ),
+    }
 }
 
 /// The last `traceparent` header of a record, as it is.
@@ -249,6 +262,7 @@ mod tests {
     fn header(value: &str) -> Vec<EventHeader> {
         vec![EventHeader {
             name: "traceparent".into(),
+            name_encoding: "utf8",
             value: Some(value.into()),
             encoding: "utf8",
         }]

@@ -786,6 +786,7 @@ mod tests {
     fn header(name: &str, value: &str) -> EventHeader {
         EventHeader {
             name: name.into(),
+            name_encoding: "utf8",
             value: Some(value.into()),
             encoding: "utf8",
         }
@@ -797,6 +798,7 @@ mod tests {
             header("source", "checkout"),
             EventHeader {
                 name: "bin".into(),
+                name_encoding: "utf8",
                 value: Some("/w==".into()),
                 encoding: "base64",
             },

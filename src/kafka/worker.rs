@@ -767,6 +767,10 @@ pub(super) async fn apply_error_policy(
     }
 }
 
+/// The dead letter's header with the original record's timestamp, in milliseconds since the
+/// epoch (absent when the record had none).
+pub const ORIGINAL_TIMESTAMP_HEADER: &str = "tessel.original.timestamp.ms";
+
 /// The Kafka Connect error headers (UTF-8 strings) plus the connector's own `tessel.*`.
 fn dead_letter_headers(
     trigger: &TriggerRuntime,
@@ -809,6 +813,10 @@ fn dead_letter_headers(
     }
     if let Some(sid) = failure.schema_id {
         h.push(("tessel.schema.id".into(), sid.to_string()));
+    }
+    if let Some(t) = msg.timestamp().to_millis() {
+        // The copy is written with the time of writing; the record's own time travels here.
+        h.push((ORIGINAL_TIMESTAMP_HEADER.into(), t.to_string()));
     }
     if failure.stage == record_age::STAGE {
         let age = record_age::age_ms(msg.timestamp().to_millis(), record_age::now_ms());

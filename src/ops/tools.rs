@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+
+use crate::codec::headers::raw_headers;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
@@ -425,9 +427,8 @@ pub async fn dlq_replay(
 }
 
 fn header(m: &OwnedMessage, name: &str) -> Option<String> {
-    m.headers()?
-        .iter()
-        .find(|h| h.key == name)
+    raw_headers(m)
+        .find(|h| h.name == name.as_bytes())
         .and_then(|h| h.value)
         .map(|v| String::from_utf8_lossy(v).into_owned())
 }
@@ -439,22 +440,28 @@ fn original_of(r: &OwnedMessage) -> Option<OwnedMessage> {
     let partition = header(r, "__connect.errors.partition")?.parse().ok()?;
     let offset = header(r, "__connect.errors.offset")?.parse().ok()?;
     let mut headers = OwnedHeaders::new();
-    if let Some(hs) = r.headers() {
-        for h in hs
-            .iter()
-            .filter(|h| !h.key.starts_with("__connect.errors.") && !h.key.starts_with("tessel."))
-        {
-            headers = headers.insert(Header {
-                key: h.key,
-                value: h.value,
-            });
+    for h in raw_headers(r) {
+        // rust-rdkafka only writes UTF-8 names: one that is not is replayed with its invalid
+        // bytes replaced (the record itself is not changed).
+        let name = String::from_utf8_lossy(h.name);
+        if name.starts_with("__connect.errors.") || name.starts_with("tessel.") {
+            continue;
         }
+        headers = headers.insert(Header {
+            key: &name,
+            value: h.value,
+        });
     }
+    // A dead letter is stamped with the time it was written; the record's own time is in a
+    // header (dead letters written before that carry it as their timestamp).
+    let timestamp = header(r, crate::kafka::worker::ORIGINAL_TIMESTAMP_HEADER)
+        .and_then(|t| t.parse().ok())
+        .map_or_else(|| r.timestamp(), rdkafka::Timestamp::CreateTime);
     Some(OwnedMessage::new(
         r.payload().map(<[u8]>::to_vec),
         r.key().map(<[u8]>::to_vec),
         topic,
-        r.timestamp(),
+        timestamp,
         partition,
         offset,
         Some(headers),

@@ -8,7 +8,6 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
-use rdkafka::Timestamp;
 
 use crate::config::ConnectionConfig;
 use crate::kafka::security::{ConnectFailure, MskIamSigner, SecurityContext};
@@ -282,23 +281,21 @@ impl IdempotentProducer {
         );
     }
 
-    /// Writes `original` (key, value, headers and timestamp kept) to `topic` with `extra`
-    /// headers appended, and waits for the broker's acknowledgement.
+    /// Writes `original` (key, value and headers kept) to `topic` with `extra` headers
+    /// appended, and waits for the broker's acknowledgement. The copy is stamped with the
+    /// time it is written, not the original's timestamp: an old timestamp could let the
+    /// topic's `retention.ms` delete it at once, or the broker refuse it
+    /// (`log.message.timestamp.before.max.ms`); callers keep the original's in a header.
     pub async fn write_copy(
         &self,
         topic: &str,
         original: &OwnedMessage,
         extra: &[ExtraHeader],
     ) -> Result<(i32, i64), KafkaError> {
-        let mut headers = OwnedHeaders::new();
-        if let Some(h) = original.headers() {
-            for header in rdkafka::message::Headers::iter(h) {
-                headers = headers.insert(Header {
-                    key: header.key,
-                    value: header.value,
-                });
-            }
-        }
+        // Copied whole by librdkafka: names need not be UTF-8 (see `codec::headers`).
+        let mut headers = original
+            .headers()
+            .map_or_else(OwnedHeaders::new, |h| h.as_borrowed().detach());
         for (k, v) in extra {
             headers = headers.insert(Header {
                 key: k,
@@ -311,9 +308,6 @@ impl IdempotentProducer {
         }
         if let Some(p) = original.payload() {
             record = record.payload(p);
-        }
-        if let Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) = original.timestamp() {
-            record = record.timestamp(t);
         }
         let started = std::time::Instant::now();
         let result = self

@@ -121,10 +121,14 @@ pub fn batch_span(
 
 /// The record's `traceparent` and `tracestate` headers (names lowercased), for extraction.
 fn trace_headers(msg: &rdkafka::message::OwnedMessage) -> HashMap<String, String> {
-    use rdkafka::message::{Headers as _, Message as _};
     let mut carrier = HashMap::new();
-    for h in msg.headers().into_iter().flat_map(|h| h.iter()) {
-        let name = h.key.to_ascii_lowercase();
+    for h in crate::codec::headers::raw_headers(msg) {
+        // A name that is not UTF-8 is not trace context (and must not panic: see
+        // `codec::headers`).
+        let Ok(name) = std::str::from_utf8(h.name) else {
+            continue;
+        };
+        let name = name.to_ascii_lowercase();
         if matches!(name.as_str(), "traceparent" | "tracestate") {
             if let Some(v) = h.value.and_then(|v| std::str::from_utf8(v).ok()) {
                 let _ = carrier.insert(name, v.to_owned());

@@ -7,9 +7,10 @@ use std::time::Duration;
 use base64::Engine as _;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use serde_json::{json, Value};
 use tessel_kafka::cli::dev_dispatcher::Faults;
+use tessel_kafka::codec::headers::raw_headers;
 
 use super::produce_keyed;
 use super::sasl_ssl_kafka_table;
@@ -24,7 +25,12 @@ use crate::support::{stack, temp_config, unique, wait_for};
 pub struct DeadLetter {
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
+    /// By name (names and values read lossily as UTF-8; the last of duplicates).
     pub headers: BTreeMap<String, String>,
+    /// Every header as bytes, in order.
+    pub raw_headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The record's timestamp (ms), if any.
+    pub timestamp: Option<i64>,
 }
 
 /// Reads `count` records of `topic` from the beginning (read_committed), or panics.
@@ -49,20 +55,25 @@ pub async fn read_topic(topic: &str, count: usize) -> Vec<DeadLetter> {
             );
             match consumer.poll(Duration::from_millis(200)) {
                 Some(Ok(m)) => {
-                    let mut headers = BTreeMap::new();
-                    if let Some(h) = m.headers() {
-                        for x in h.iter() {
-                            let v = x
-                                .value
-                                .map(|v| String::from_utf8_lossy(v).into_owned())
-                                .unwrap_or_default();
-                            let _ = headers.insert(x.key.to_owned(), v);
-                        }
-                    }
+                    // Read as bytes: rust-rdkafka's header API panics on a name that is not
+                    // UTF-8, and dead letters keep such names.
+                    let m = m.detach();
+                    let raw_headers: Vec<(Vec<u8>, Option<Vec<u8>>)> = raw_headers(&m)
+                        .map(|h| (h.name.to_vec(), h.value.map(<[u8]>::to_vec)))
+                        .collect();
+                    let headers = raw_headers
+                        .iter()
+                        .map(|(k, v)| {
+                            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+                            (text(k), v.as_deref().map(text).unwrap_or_default())
+                        })
+                        .collect();
                     out.push(DeadLetter {
                         key: m.key().map(<[u8]>::to_vec),
                         value: m.payload().map(<[u8]>::to_vec),
                         headers,
+                        raw_headers,
+                        timestamp: m.timestamp().to_millis(),
                     });
                 }
                 Some(Err(e)) => panic!("reading {topic}: {e}"),

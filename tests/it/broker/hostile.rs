@@ -442,3 +442,119 @@ async fn with_on_error_block_hostile_records_park_their_key_and_the_rest_flows()
     );
     assert_eq!(committed_now[1], 21, "partition 1 is committed to its end");
 }
+
+/// Produces `records` (key, JSON value, optional header `name=value` as bytes) to partition 0
+/// of `topic` with kcat, in order: the reference producer cannot write a header name that is
+/// not UTF-8, and Kafka accepts one.
+fn kcat_produce(topic: &str, records: &[(&str, &str, Option<&[u8]>)]) {
+    use std::io::Write as _;
+    use std::os::unix::ffi::OsStrExt as _;
+    for (key, value, header) in records {
+        let mut cmd = std::process::Command::new("kcat");
+        cmd.args([
+            "-P",
+            "-b",
+            &stack().bootstrap,
+            "-t",
+            topic,
+            "-p",
+            "0",
+            "-k",
+            key,
+        ]);
+        if let Some(h) = header {
+            cmd.arg("-H").arg(std::ffi::OsStr::from_bytes(h));
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("kcat (installed by scripts/deps --test)");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{value}\n").as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success(), "kcat produced {key}");
+    }
+}
+
+/// Kafka does not check header names: one that is not UTF-8 (`ff fe`) once panicked the
+/// run in rust-rdkafka's header API, so the record was neither dispatched nor dead-lettered
+/// and the next record of its key ran first. Now it is read as bytes: carried in base64 when
+/// dispatched, kept as it is in a dead letter, and its key moves on in order.
+#[tokio::test]
+async fn a_header_name_that_is_not_utf8_is_carried_or_dead_lettered_and_its_key_moves_on() {
+    let topic = unique("hdr-name");
+    let dlq = unique("hdr-name-dlq");
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    let bad: &[u8] = b"\xff\xfe=v";
+    kcat_produce(
+        &topic,
+        &[
+            ("refused", r#"{"v": "refused"}"#, Some(bad)),
+            ("refused", r#"{"after": "refused"}"#, None),
+            ("carried", r#"{"v": "carried"}"#, Some(bad)),
+            ("carried", r#"{"after": "carried"}"#, None),
+        ],
+    );
+    let group = unique("hdr-name-group");
+    let refused = format!("kafka:{group}:{topic}:0:0");
+    // The dispatcher refuses the first record for good, so it is dead-lettered.
+    let d = dispatcher(Faults {
+        fail_keys: [refused.clone()].into(),
+        fail_status: 400,
+        ..Faults::default()
+    })
+    .await;
+    let admin_port = free_port();
+    let path = temp_config(&config(
+        admin_port,
+        &group,
+        &topic,
+        &d,
+        &format!(
+            "on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\nvalue_format = \"json\""
+        ),
+    ));
+    let log = std::env::temp_dir().join(format!("{}.log", unique("hdr-name")));
+    let mut daemon = spawn_daemon(&path, std::fs::File::create(&log).unwrap().into());
+    wait_for("committed to the end", Duration::from_secs(60), || {
+        (committed(&group, &topic, 1) == [4]).then_some(())
+    })
+    .await;
+    let dead = read_topic(&dlq, 1).await;
+    assert!(daemon.try_wait().unwrap().is_none(), "the daemon runs");
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(!log.contains("panicked"), "no panic: {log}");
+
+    // Dead-lettered with its header as it was, and the next record of its key ran after.
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].key.as_deref(), Some(b"refused".as_slice()));
+    assert_eq!(
+        dead[0].raw_headers[0],
+        (b"\xff\xfe".to_vec(), Some(b"v".to_vec())),
+        "the original header kept byte for byte"
+    );
+    assert_eq!(dead[0].headers["tessel.error.class"], "dispatch_rejected");
+    let last_refusal = d.attempts_for(&refused).last().expect("attempted").0;
+    let runs = d.runs();
+    let run = |v: Value| {
+        runs.iter()
+            .find(|r| r.event["value"] == v)
+            .unwrap_or_else(|| panic!("{v} ran: {runs:?}"))
+    };
+    assert!(run(json!({"after": "refused"})).accepted_at > last_refusal);
+    // Dispatched: the name in base64 (ff fe), the value as text.
+    let carried = run(json!({"v": "carried"}));
+    assert_eq!(
+        carried.event["headers"],
+        json!([{"name": "//4=", "name_encoding": "base64", "value": "v", "encoding": "utf8"}])
+    );
+    assert!(run(json!({"after": "carried"})).accepted_at > carried.accepted_at);
+    assert_eq!(runs.len(), 3);
+    assert_eq!(d.repeats(), 0);
+}

@@ -214,6 +214,17 @@ async fn old_records_are_skipped_or_dead_lettered_with_their_age_and_fresh_ones_
             (2 * HOUR_MS..2 * HOUR_MS + 10 * 60_000).contains(&age),
             "age {age} ms"
         );
+        // Written with the time of writing (an old stamp could be deleted by the topic's
+        // retention at once, or refused), the record's own time kept in a header.
+        assert_eq!(
+            h["tessel.original.timestamp.ms"],
+            (now_ms - 2 * HOUR_MS).to_string()
+        );
+        let written = l.timestamp.expect("a dead letter has a timestamp");
+        assert!(
+            written >= now_ms,
+            "written at {written}, test began {now_ms}"
+        );
     }
     // Different keys are dead-lettered in parallel: in any order.
     dead_values.sort_unstable();
