@@ -80,6 +80,13 @@ pub fn idempotency_key(
     format!("kafka:{group}:{topic}:{partition}:{first}-{last}:{count}")
 }
 
+/// The key a batch is sent again under after a 409 to `key`: `key` with a random suffix,
+/// so that the dispatcher answers for this request's events rather than recall an earlier
+/// request with the same bounds (whose answer may have named events failed).
+pub fn conflict_key(key: &str, nonce: u64) -> String {
+    format!("{key}:r{nonce:016x}")
+}
+
 /// After a 2xx answer naming `failed` event ids: which records (indices into `records`, each
 /// an id and a key, in offset order) are sent again. Those named, and every later record of
 /// their keys (so a key's records keep their order); the others are accepted. Ids the batch

@@ -3,7 +3,10 @@
 //! and the batch is retried, split or partly retried until every record is handled or the
 //! partition is taken away.
 //!
-//! - 2xx or 409: accepted, except the events a 2xx answer names in `{"failed": [ids]}`: those,
+//! - 409: the batch's key was seen before, which says nothing of which events that request
+//!   had accepted: the batch goes again under a key of its own, whose answer counts (a 409 to
+//!   that one: every event accepted);
+//! - 2xx: accepted, except the events the answer names in `{"failed": [ids]}`: those,
 //!   and the later records of their keys, are sent again (as a smaller batch, with the
 //!   backoff, counting against `retry.max_attempts`);
 //! - 5xx, 429, timeouts, connection errors: the whole batch is retried with the backoff, then
@@ -79,6 +82,7 @@ pub(super) async fn process(
         })
         .collect();
     let mut batch = Batch {
+        conflict_nonce: None,
         trigger: &trigger,
         permit: Some(permit),
         drain: &drain,
@@ -97,6 +101,9 @@ struct Abandon;
 
 struct Batch<'a, Y: Fn()> {
     trigger: &'a TriggerRuntime,
+    /// Set at the first 409: later requests of this batch carry Idempotency-Keys of their
+    /// own (see [`batch::conflict_key`]).
+    conflict_nonce: Option<u64>,
     permit: Option<OwnedSemaphorePermit>,
     drain: &'a CancellationToken,
     cancel: &'a CancellationToken,
@@ -135,6 +142,19 @@ impl<Y: Fn()> Batch<'_, Y> {
             let (outcome, answer) = self.send(records, &group, total).await?;
             let policy = self.trigger.retry_policy();
             let retry_after = match outcome {
+                // A 409 to a request whose key was used before (by this owner or an earlier
+                // one) says the key was seen, not which events that request had accepted:
+                // the group goes again under a key of its own, and the answer to that one
+                // counts. A 409 to such a fresh key means every event was seen: accepted.
+                DispatchOutcome::Accepted { status: 409 } if self.conflict_nonce.is_none() => {
+                    self.conflict_nonce = Some(rand::random());
+                    tracing::info!(
+                        connection = %self.trigger.connection, trigger = %self.trigger.name,
+                        records = group.len(),
+                        "dispatcher answered 409 to the batch; it is sent again under its own key"
+                    );
+                    continue;
+                }
                 DispatchOutcome::Accepted { .. } => {
                     self.trigger.resume();
                     let failed = batch::failed_ids(&answer).unwrap_or_else(|reason| {
@@ -330,7 +350,7 @@ impl<Y: Fn()> Batch<'_, Y> {
     ) -> Result<(DispatchOutcome, bytes::Bytes), Abandon> {
         let first = &records[group[0]].msg;
         let last = &records[group[group.len() - 1]].msg;
-        let key = batch::idempotency_key(
+        let mut key = batch::idempotency_key(
             &self.trigger.group,
             first.topic(),
             first.partition(),
@@ -338,6 +358,9 @@ impl<Y: Fn()> Batch<'_, Y> {
             last.offset(),
             group.len(),
         );
+        if let Some(nonce) = self.conflict_nonce {
+            key = batch::conflict_key(&key, nonce);
+        }
         let (body, envelope) = if self.trigger.cloudevents.is_some() {
             let events: Vec<serde_json::Value> = group
                 .iter()

@@ -273,6 +273,48 @@ async fn a_partial_failure_sends_again_only_the_failed_events_and_later_ones_of_
     }
 }
 
+/// A 409 to a batch says its Idempotency-Key was seen (say a crashed owner sent the same
+/// bounds and got a partial failure), not that every event was accepted: the batch goes again
+/// under a key of its own, and only that answer commits the events.
+#[tokio::test]
+async fn a_409_to_a_batch_commits_nothing_until_the_batch_is_answered_under_its_own_key() {
+    let topic = unique("batch-409");
+    create_topic(&topic, 1).await;
+    produce_keyed(&topic, 0, 10, 3).await;
+    let group = unique("batch-409-group");
+    let seen = format!("kafka:{group}:{topic}:0:0-9:10");
+    let d = dispatcher(Faults {
+        scripted: HashMap::from([(seen.clone(), vec![409])]),
+        ..Faults::default()
+    })
+    .await;
+    let toml = connection_toml(
+        &group,
+        &topic,
+        &d.url(),
+        "batch = { max_records = 10, max_wait_ms = 2000 }\n",
+    );
+    let connector = super::Connector::start(&toml);
+    wait_committed_to_end(&group, &topic, 1).await;
+    connector.stop().await;
+
+    assert_all_once(&d, 10);
+    let answered: Vec<u16> = d.attempts_for(&seen).iter().map(|a| a.1).collect();
+    assert_eq!(answered, vec![409]);
+    // Batches the dispatcher took in (an injected answer records none).
+    let batches: Vec<(String, u16, usize)> = d
+        .batches()
+        .into_iter()
+        .map(|b| (b.idempotency_key, b.status, b.offsets.len()))
+        .collect();
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    assert!(
+        batches[0].0.starts_with(&format!("{seen}:r")) && batches[0].1 / 100 == 2,
+        "{batches:?}"
+    );
+    assert_eq!(batches[0].2, 10);
+}
+
 #[tokio::test]
 async fn a_poison_record_in_a_batch_of_500_is_bisected_out_and_dead_lettered() {
     let topic = unique("batch-poison");
