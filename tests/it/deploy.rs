@@ -21,6 +21,8 @@ use crate::support::repo;
 
 const MANIFEST: &str = "deploy/kubernetes/tessel-kafka.yaml";
 const OPTIONAL_VALUES: &str = "deploy/helm/tessel-kafka/ci/keda-netpol-irsa-values.yaml";
+/// Values with things managed elsewhere and two connections.
+const EXTERNAL_VALUES: &str = "deploy/helm/tessel-kafka/ci/external-values.yaml";
 /// The namespace the optional rendering is made for.
 const NAMESPACE: &str = "payments-eu";
 
@@ -558,6 +560,13 @@ fn each_pod_joins_with_its_own_group_instance_id() {
         println!("{label}");
         joins_with_its_own_group_instance_id(&docs);
     }
+    // Two connections, one with a dash in its name, each with static membership.
+    let values = repo().join(EXTERNAL_VALUES);
+    let docs = render(&["-f", values.to_str().unwrap()]);
+    let (text, _) = config_and_container(&docs);
+    let config: toml::Table = text.parse().unwrap();
+    assert!(config["connections"].as_table().unwrap().len() > 1);
+    joins_with_its_own_group_instance_id(&docs);
 }
 
 fn joins_with_its_own_group_instance_id(docs: &[Value]) {
