@@ -1,5 +1,5 @@
-//! The daemon's own HTTP server: `/metrics`, `/healthz`, `/readyz`, and the produce API's
-//! routes (`crate::produce::api`).
+//! The daemon's own HTTP server: `/metrics`, `/healthz`, `/livez`, `/readyz`, and the produce
+//! API's routes (`crate::produce::api`).
 
 pub mod health;
 
@@ -32,10 +32,9 @@ pub async fn serve(
     let state = AdminState { metrics, health };
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
-        .route(
-            "/healthz",
-            get(|| async { Json(serde_json::json!({"status": "ok"})) }),
-        )
+        .route("/healthz", get(alive_handler))
+        // The Kubernetes liveness probe's path (deploy/helm); for now it answers as /healthz.
+        .route("/livez", get(alive_handler))
         .route("/readyz", get(ready_handler))
         .with_state(state)
         .merge(extra);
@@ -55,6 +54,11 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     })?;
     tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "admin server listening");
     Ok(listener)
+}
+
+/// The process is up and its admin server answers.
+async fn alive_handler() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
 }
 
 async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
@@ -81,4 +85,34 @@ async fn ready_handler(State(state): State<AdminState>) -> impl IntoResponse {
         "connections": connections,
     });
     (status, Json(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/livez` (the chart's liveness probe) and `/healthz` answer 200 with the same body.
+    #[tokio::test]
+    async fn livez_answers_like_healthz() {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            None,
+            HealthRegistry::default(),
+            Router::new(),
+            shutdown.clone(),
+        ));
+        let mut bodies = Vec::new();
+        for path in ["/livez", "/healthz"] {
+            let resp = reqwest::get(format!("http://{addr}{path}")).await.unwrap();
+            assert_eq!(resp.status(), 200, "{path}");
+            bodies.push(resp.json::<serde_json::Value>().await.unwrap());
+        }
+        assert_eq!(bodies[0], serde_json::json!({"status": "ok"}));
+        assert_eq!(bodies[0], bodies[1]);
+        shutdown.cancel();
+        server.await.unwrap().unwrap();
+    }
 }

@@ -1,10 +1,16 @@
-//! The Kubernetes manifests in `deploy/kubernetes/`, parsed and checked for what a cluster
-//! would enforce or an operator would rely on: the Pod Security "restricted" profile, probes
-//! and resources on every container, a PodDisruptionBudget, Service, ServiceMonitor and KEDA
-//! ScaledObject that select the workload, the config checksum, and static membership from the
-//! pod name through the environment overlay. No cluster or broker needed.
+//! The Helm chart in `deploy/helm/tessel-kafka` and the plain manifest rendered from it
+//! (`deploy/kubernetes/`), parsed and checked for what a cluster would enforce or an operator
+//! would rely on: the Pod Security "restricted" profile, probes and resources on every
+//! container, a PodDisruptionBudget, Service, ServiceMonitor, KEDA ScaledObject, NetworkPolicy
+//! and ServiceAccount that match the workload, the computed config checksum, and static
+//! membership from the pod name through the environment overlay. Each check runs on the
+//! default rendering and on one with KEDA, a NetworkPolicy, IRSA and a chart-made Secret on
+//! (`ci/keda-netpol-irsa-values.yaml`, in a namespace of its own). The chart is rendered by
+//! `scripts/chart-check template` (Helm, a Go module, installed once into the cache); no
+//! cluster or broker needed.
 
 use std::collections::BTreeMap;
+use std::process::Command;
 
 use serde::Deserialize as _;
 use serde_yaml::Value;
@@ -14,14 +20,56 @@ use tessel_kafka::config::Config;
 use crate::support::repo;
 
 const MANIFEST: &str = "deploy/kubernetes/tessel-kafka.yaml";
+const OPTIONAL_VALUES: &str = "deploy/helm/tessel-kafka/ci/keda-netpol-irsa-values.yaml";
+/// Values with things managed elsewhere and two connections.
+const EXTERNAL_VALUES: &str = "deploy/helm/tessel-kafka/ci/external-values.yaml";
+/// The namespace the optional rendering is made for.
+const NAMESPACE: &str = "payments-eu";
 
-/// Every document of the manifest.
-fn documents() -> Vec<Value> {
-    let text = std::fs::read_to_string(repo().join(MANIFEST)).expect("manifest");
-    serde_yaml::Deserializer::from_str(&text)
+fn parse(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
         .map(|d| Value::deserialize(d).expect("valid YAML"))
         .filter(|v| !v.is_null())
         .collect()
+}
+
+/// Every document of the plain manifest.
+fn documents() -> Vec<Value> {
+    parse(&std::fs::read_to_string(repo().join(MANIFEST)).expect("manifest"))
+}
+
+/// `helm template` of the chart with these arguments (values files, namespace).
+fn render(args: &[&str]) -> Vec<Value> {
+    let go = Command::new("go").arg("version").output();
+    assert!(
+        go.is_ok_and(|o| o.status.success()),
+        "`go` is missing: scripts/chart-check installs Helm with Go; run scripts/deps"
+    );
+    let out = Command::new(repo().join("scripts/chart-check"))
+        .arg("template")
+        .args(args)
+        .output()
+        .expect("run scripts/chart-check");
+    assert!(
+        out.status.success(),
+        "helm template {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse(std::str::from_utf8(&out.stdout).expect("UTF-8"))
+}
+
+/// The chart with its optional parts on, in [`NAMESPACE`].
+fn optional_rendering() -> Vec<Value> {
+    let values = repo().join(OPTIONAL_VALUES);
+    render(&["-f", values.to_str().unwrap(), "--namespace", NAMESPACE])
+}
+
+/// The renderings every check runs on: the plain manifest and the optional one.
+fn renderings() -> Vec<(&'static str, Vec<Value>)> {
+    vec![
+        (MANIFEST, documents()),
+        (OPTIONAL_VALUES, optional_rendering()),
+    ]
 }
 
 fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -30,7 +78,7 @@ fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
 
 fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     let found = of_kind(docs, kind);
-    assert_eq!(found.len(), 1, "exactly one {kind} in {MANIFEST}");
+    assert_eq!(found.len(), 1, "exactly one {kind}");
     found[0]
 }
 
@@ -61,9 +109,29 @@ fn name(v: &Value) -> &str {
 }
 
 #[test]
+fn the_plain_manifest_is_the_charts_default_rendering() {
+    let manifest = documents();
+    assert_eq!(
+        manifest,
+        render(&[]),
+        "{MANIFEST} differs from the chart's default rendering: run scripts/render-manifests"
+    );
+    // No object names a namespace: `kubectl apply -n NS` puts it anywhere.
+    for d in &manifest {
+        assert!(d["metadata"]["namespace"].is_null(), "{}", name(d));
+    }
+}
+
+#[test]
 fn every_container_meets_the_restricted_pod_security_profile() {
-    let docs = documents();
-    let workloads = workloads(&docs);
+    for (label, docs) in renderings() {
+        println!("{label}");
+        restricted_profile_probes_and_resources(&docs);
+    }
+}
+
+fn restricted_profile_probes_and_resources(docs: &[Value]) {
+    let workloads = workloads(docs);
     assert!(!workloads.is_empty(), "a Deployment or StatefulSet");
     for w in workloads {
         let pod = &w["spec"]["template"]["spec"];
@@ -164,7 +232,7 @@ fn every_container_meets_the_restricted_pod_security_profile() {
                     "{cname} {probe} on a named container port"
                 );
             }
-            assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+            assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez");
             assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
             let r = &c["resources"];
             for (k, what) in [
@@ -182,18 +250,41 @@ fn every_container_meets_the_restricted_pod_security_profile() {
     }
 }
 
+/// The label matchers of a PromQL selector (`name="value"`), from its first `{...}`.
+fn matchers(query: &str) -> BTreeMap<String, String> {
+    let inner = query
+        .split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map(|(inner, _)| inner)
+        .unwrap_or_else(|| panic!("no selector in {query}"));
+    inner
+        .split(',')
+        .map(|m| {
+            let (k, v) = m.split_once('=').unwrap_or_else(|| panic!("matcher {m}"));
+            (k.trim().to_owned(), v.trim().trim_matches('"').to_owned())
+        })
+        .collect()
+}
+
 #[test]
 fn pdb_service_monitor_and_scaler_select_the_workload() {
-    let docs = documents();
-    let workloads = workloads(&docs);
+    for (label, docs) in renderings() {
+        println!("{label}");
+        objects_select_the_workload(&docs);
+    }
+}
+
+fn objects_select_the_workload(docs: &[Value]) {
+    let workloads = workloads(docs);
     assert_eq!(workloads.len(), 1, "one workload");
     let w = workloads[0];
     let kind = w["kind"].as_str().unwrap();
     let selector = str_map(&w["spec"]["selector"]["matchLabels"]);
-    let pod_labels = str_map(&w["spec"]["template"]["metadata"]["labels"]);
+    let pod = &w["spec"]["template"];
+    let pod_labels = str_map(&pod["metadata"]["labels"]);
     assert!(selects(&selector, &pod_labels), "workload selects its pods");
 
-    let pdb = one(&docs, "PodDisruptionBudget");
+    let pdb = one(docs, "PodDisruptionBudget");
     assert_eq!(
         str_map(&pdb["spec"]["selector"]["matchLabels"]),
         selector,
@@ -203,10 +294,33 @@ fn pdb_service_monitor_and_scaler_select_the_workload() {
         !pdb["spec"]["maxUnavailable"].is_null() || !pdb["spec"]["minAvailable"].is_null(),
         "the PDB bounds disruptions"
     );
+    // An unready pod never blocks a node drain.
+    assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
 
-    let service = one(&docs, "Service");
+    // Every spread constraint counts this workload's pods.
+    let spread = pod["spec"]["topologySpreadConstraints"]
+        .as_sequence()
+        .expect("topologySpreadConstraints");
+    assert!(!spread.is_empty());
+    for c in spread {
+        assert!(
+            selects(&str_map(&c["labelSelector"]["matchLabels"]), &pod_labels),
+            "{c:?}"
+        );
+        assert!(c["maxSkew"].as_u64().is_some_and(|s| s >= 1), "{c:?}");
+    }
+
+    // The pods run as the ServiceAccount the rendering creates, without an API token.
+    let account = one(docs, "ServiceAccount");
+    assert_eq!(
+        pod["spec"]["serviceAccountName"].as_str(),
+        Some(name(account))
+    );
+    assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
+
+    let service = one(docs, "Service");
     assert!(selects(&str_map(&service["spec"]["selector"]), &pod_labels));
-    let container_ports: Vec<&str> = w["spec"]["template"]["spec"]["containers"][0]["ports"]
+    let container_ports: Vec<&str> = pod["spec"]["containers"][0]["ports"]
         .as_sequence()
         .unwrap()
         .iter()
@@ -228,7 +342,7 @@ fn pdb_service_monitor_and_scaler_select_the_workload() {
         assert_eq!(w["spec"]["serviceName"].as_str(), Some(name(service)));
     }
 
-    let monitor = one(&docs, "ServiceMonitor");
+    let monitor = one(docs, "ServiceMonitor");
     assert!(selects(
         &str_map(&monitor["spec"]["selector"]["matchLabels"]),
         &str_map(&service["metadata"]["labels"])
@@ -251,7 +365,53 @@ fn pdb_service_monitor_and_scaler_select_the_workload() {
         );
     }
 
-    let scaler = one(&docs, "ScaledObject");
+    for policy in of_kind(docs, "NetworkPolicy") {
+        assert!(selects(
+            &str_map(&policy["spec"]["podSelector"]["matchLabels"]),
+            &pod_labels
+        ));
+        for rule in policy["spec"]["ingress"].as_sequence().unwrap() {
+            for p in rule["ports"].as_sequence().unwrap() {
+                assert!(
+                    container_ports.contains(&p["port"].as_str().unwrap_or_default()),
+                    "ingress to a named container port: {p:?}"
+                );
+            }
+        }
+        let types: Vec<&str> = policy["spec"]["policyTypes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        if types.contains(&"Egress") {
+            // With egress restricted, name resolution stays open.
+            let dns = policy["spec"]["egress"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|r| {
+                    r["to"].is_null()
+                        && r["ports"]
+                            .as_sequence()
+                            .is_some_and(|ps| ps.iter().any(|p| p["port"] == 53))
+                });
+            assert!(dns, "egress allows DNS");
+        }
+    }
+
+    let scalers = of_kind(docs, "ScaledObject");
+    if scalers.is_empty() {
+        assert!(
+            w["spec"]["replicas"].as_u64().is_some_and(|r| r >= 1),
+            "without an autoscaler the workload sets its replicas"
+        );
+        return;
+    }
+    assert_eq!(scalers.len(), 1);
+    let scaler = scalers[0];
+    // KEDA owns the count: a fixed count in the workload would undo it at every apply.
+    assert!(w["spec"]["replicas"].is_null(), "no replicas beside KEDA");
     let target = &scaler["spec"]["scaleTargetRef"];
     assert_eq!(target["kind"], kind);
     assert_eq!(target["name"].as_str(), Some(name(w)));
@@ -259,16 +419,59 @@ fn pdb_service_monitor_and_scaler_select_the_workload() {
     let min = scaler["spec"]["minReplicaCount"].as_u64().unwrap_or(0);
     assert!(min >= 1 && max >= min, "{min}..{max}");
     let lag = tessel_kafka::telemetry::metrics::CONSUMER_LAG;
-    assert!(
-        scaler["spec"]["triggers"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .any(|t| t["metadata"]["query"]
-                .as_str()
-                .is_some_and(|q| q.contains(lag))),
-        "scales on {lag}"
-    );
+    let queries: Vec<&str> = scaler["spec"]["triggers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["metadata"]["query"].as_str())
+        .filter(|q| q.contains(lag))
+        .collect();
+    assert_eq!(queries.len(), 1, "scales on {lag}");
+    // The lag of this release only: the namespace it is installed in and its region.
+    let m = matchers(queries[0]);
+    assert_eq!(m.get("namespace").map(String::as_str), Some(NAMESPACE));
+    assert_eq!(m.get("region"), pod_labels.get("region"));
+    assert!(m.contains_key("connection"), "{m:?}");
+}
+
+#[test]
+fn the_optional_rendering_turns_on_keda_network_policy_and_irsa() {
+    let docs = optional_rendering();
+    assert_eq!(of_kind(&docs, "ScaledObject").len(), 1);
+    assert_eq!(of_kind(&docs, "NetworkPolicy").len(), 1);
+    let account = one(&docs, "ServiceAccount");
+    let role = account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
+        .as_str()
+        .expect("an IRSA role");
+    assert!(role.starts_with("arn:aws:iam::"), "{role}");
+    // The Secret the chart creates holds every file the config reads from the mount.
+    let w = workloads(&docs)[0];
+    let pod = &w["spec"]["template"]["spec"];
+    let secret = one(&docs, "Secret");
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| !v["secret"].is_null())
+        .expect("a secret volume");
+    assert_eq!(volume["secret"]["secretName"].as_str(), Some(name(secret)));
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("the secret volume is mounted");
+    let dir = format!("{}/", mount["mountPath"].as_str().unwrap());
+    let (text, _) = config_and_container(&docs);
+    let read: Vec<&str> = text
+        .split('"')
+        .filter_map(|part| part.strip_prefix(dir.as_str()))
+        .collect();
+    assert!(!read.is_empty(), "the config reads secret files");
+    let keys = str_map(&secret["stringData"]);
+    for file in read {
+        assert!(keys.contains_key(file), "{file} is in the Secret");
+    }
 }
 
 /// The ConfigMap's config.toml and the workload's container.
@@ -283,15 +486,49 @@ fn config_and_container(docs: &[Value]) -> (String, &Value) {
 
 #[test]
 fn pods_roll_when_the_config_changes_and_outlive_the_drain() {
-    let docs = documents();
-    let (text, _) = config_and_container(&docs);
-    let w = workloads(&docs)[0];
+    let mut checksums = Vec::new();
+    for (label, docs) in renderings() {
+        println!("{label}");
+        checksums.push(checksum_is_the_configs(&docs));
+        grace_outlives_the_drain(&docs);
+    }
+    // Another config (the drain made longer) gives another checksum: a rollout.
+    let (_, docs) = &renderings()[0];
+    let (text, _) = config_and_container(docs);
+    let changed = text.replace("drain_timeout_ms = 30000", "drain_timeout_ms = 45000");
+    assert_ne!(changed, text);
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    let yaml = serde_yaml::to_string(&serde_yaml::Mapping::from_iter([(
+        Value::from("config"),
+        Value::from(changed.as_str()),
+    )]))
+    .unwrap();
+    std::fs::write(&values, yaml).unwrap();
+    let docs = render(&["-f", values.to_str().unwrap()]);
+    assert_eq!(config_and_container(&docs).0, changed);
+    let new = checksum_is_the_configs(&docs);
+    grace_outlives_the_drain(&docs);
+    assert!(!checksums.contains(&new), "{new} for a changed config");
+}
+
+/// checksum/config is the sha256 of the ConfigMap's config.toml; returns it.
+fn checksum_is_the_configs(docs: &[Value]) -> String {
+    let (text, _) = config_and_container(docs);
+    let w = workloads(docs)[0];
     let checksum = hex::encode(Sha256::digest(text.as_bytes()));
     assert_eq!(
         w["spec"]["template"]["metadata"]["annotations"]["checksum/config"].as_str(),
         Some(checksum.as_str()),
         "checksum/config must be the sha256 of the ConfigMap's config.toml"
     );
+    checksum
+}
+
+/// The pods' grace period outlasts every connection's drain.
+fn grace_outlives_the_drain(docs: &[Value]) {
+    let (text, _) = config_and_container(docs);
+    let w = workloads(docs)[0];
     let config: toml::Table = text.parse().unwrap();
     let grace = w["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         .as_u64()
@@ -319,9 +556,22 @@ fn expand(value: &str, vars: &BTreeMap<String, String>) -> String {
 
 #[test]
 fn each_pod_joins_with_its_own_group_instance_id() {
-    let docs = documents();
-    let (text, container) = config_and_container(&docs);
-    let w = workloads(&docs)[0];
+    for (label, docs) in renderings() {
+        println!("{label}");
+        joins_with_its_own_group_instance_id(&docs);
+    }
+    // Two connections, one with a dash in its name, each with static membership.
+    let values = repo().join(EXTERNAL_VALUES);
+    let docs = render(&["-f", values.to_str().unwrap()]);
+    let (text, _) = config_and_container(&docs);
+    let config: toml::Table = text.parse().unwrap();
+    assert!(config["connections"].as_table().unwrap().len() > 1);
+    joins_with_its_own_group_instance_id(&docs);
+}
+
+fn joins_with_its_own_group_instance_id(docs: &[Value]) {
+    let (text, container) = config_and_container(docs);
+    let w = workloads(docs)[0];
     let pod_name = format!("{}-0", name(w));
     let labels = str_map(&w["spec"]["template"]["metadata"]["labels"]);
     let mut vars = BTreeMap::new();

@@ -6,8 +6,10 @@
 //!   registry lines included, through `config check`.
 //! - `oidc`: OAUTHBEARER OIDC token fetching against a local token endpoint (no broker).
 //! - `registry_auth`: Schema Registry basic and bearer auth, refusals, TLS file errors.
-//! - `deploy`: the Kubernetes manifests' structure (restricted pod security, probes,
-//!   resources, PDB/Service/ServiceMonitor/ScaledObject consistent with the workload).
+//! - `deploy`: the Helm chart's renderings and the plain manifest made from it (restricted
+//!   pod security, probes, resources, PDB/Service/ServiceMonitor/ScaledObject/NetworkPolicy
+//!   consistent with the workload, computed config checksum; Helm through
+//!   `scripts/chart-check`, needs Go).
 //! - `hermetic`: the real daemon against librdkafka's mock cluster and the dev dispatcher:
 //!   commits after acceptance, refused commits sent again, pauses across revoke and
 //!   re-assignment, a lost assignment, shutdown with a revoke pending. Seconds, no broker.
