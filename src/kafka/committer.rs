@@ -407,6 +407,10 @@ impl Committer {
                     self.refusals = 0;
                     self.confirm(now, r);
                 }
+                // A refusal for a partition with no commit wanted (forgotten on revoke since
+                // the request went out) says nothing of this member's commits now: counting
+                // it would hold new runs until `max_hold`, with nothing left to confirm.
+                Some(_) if !self.wanted.contains_key(&r.tp) => {}
                 Some(reason) => {
                     // The broker refuses commits: hold new runs whatever this commit was.
                     self.refusals = self.refusals.saturating_add(1);
@@ -511,6 +515,19 @@ mod tests {
             "interval"
         );
         assert_eq!(c.take_due(t0 + TICK), vec![(tp(0), 6, String::new())]);
+    }
+
+    #[test]
+    fn a_refusal_for_a_revoked_partition_holds_nothing() {
+        let mut c = Committer::new(TICK, Duration::from_secs(30));
+        let t0 = Instant::now();
+        c.want(t0, tp(0), 9, String::new());
+        let _ = c.take_due(t0);
+        c.forget(&tp(0));
+        // The request is refused (the rebalance that revoked it) after the revoke.
+        c.on_answer(t0 + TICK, &[refused(0, 9)]);
+        assert!(!c.holding(t0 + TICK), "nothing of this member's is refused");
+        assert_eq!(c.refusing(), None);
     }
 
     #[test]

@@ -29,6 +29,8 @@ mod poll_loop;
 pub mod record_age;
 pub mod scheduler;
 pub mod security;
+#[cfg(test)]
+mod simulation;
 pub mod supervisor;
 pub mod worker;
 

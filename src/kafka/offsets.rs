@@ -25,8 +25,11 @@ pub const MAX_TRACKED_ABOVE: usize = 10_000;
 const METADATA_PREFIX: &str = "tk1:";
 
 /// Tracks outstanding offsets of one partition.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct OffsetTracker {
+    /// Offsets handled above a gap at which the gap counts as full ([`MAX_TRACKED_ABOVE`];
+    /// smaller in the simulation, so that a schedule reaches it in a few records).
+    max_above: usize,
     /// Received and not yet handled.
     outstanding: BTreeSet<i64>,
     /// Handled offsets above the commit offset.
@@ -49,12 +52,35 @@ pub enum Received {
     AlreadyReceived,
 }
 
+impl Default for OffsetTracker {
+    fn default() -> Self {
+        Self::bounded(MAX_TRACKED_ABOVE)
+    }
+}
+
 impl OffsetTracker {
+    /// An empty tracker whose gap is full at `max_above` offsets handled above it.
+    pub fn bounded(max_above: usize) -> Self {
+        Self {
+            max_above,
+            outstanding: BTreeSet::new(),
+            handled_above: BTreeSet::new(),
+            next: None,
+            stored: None,
+        }
+    }
+
     /// A tracker for a partition whose group commit is `offset` with `metadata`.
     pub fn from_committed(offset: Option<i64>, metadata: &str) -> Self {
-        let mut t = Self::default();
+        Self::from_committed_bounded(offset, metadata, MAX_TRACKED_ABOVE)
+    }
+
+    /// [`Self::from_committed`] with the gap bound `max_above` (of the metadata, at most
+    /// twice that many offsets are kept: see [`MAX_METADATA_OFFSETS`]).
+    pub fn from_committed_bounded(offset: Option<i64>, metadata: &str, max_above: usize) -> Self {
+        let mut t = Self::bounded(max_above);
         if let Some(offset) = offset.filter(|o| *o >= 0) {
-            t.handled_above = parse_metadata(offset, metadata);
+            t.handled_above = parse_metadata_bounded(offset, metadata, 2 * max_above);
             t.stored = Some((offset, metadata.to_owned()));
         }
         t
@@ -125,7 +151,12 @@ impl OffsetTracker {
     /// should pause and start nothing but the record at the gap ([`Self::gap_head`]) until
     /// the gap closes.
     pub fn gap_full(&self) -> bool {
-        self.handled_above.len() >= MAX_TRACKED_ABOVE
+        self.handled_above.len() >= self.max_above
+    }
+
+    /// Offsets handled above the commit offset, tracked now.
+    pub fn handled_above(&self) -> usize {
+        self.handled_above.len()
     }
 
     /// The lowest offset received and not handled: the record the commit waits on. It may
@@ -212,6 +243,11 @@ pub const MAX_METADATA_OFFSETS: usize = 2 * MAX_TRACKED_ABOVE;
 /// the lowest [`MAX_METADATA_OFFSETS`] are kept. Either way at-least-once holds: an offset left
 /// out is offered to the dispatcher again, under the same idempotency key.
 pub fn parse_metadata(offset: i64, metadata: &str) -> BTreeSet<i64> {
+    parse_metadata_bounded(offset, metadata, MAX_METADATA_OFFSETS)
+}
+
+/// [`parse_metadata`], keeping at most `limit` offsets.
+fn parse_metadata_bounded(offset: i64, metadata: &str, limit: usize) -> BTreeSet<i64> {
     let mut set = BTreeSet::new();
     let Some(rest) = metadata.strip_prefix(METADATA_PREFIX) else {
         return set;
@@ -234,7 +270,7 @@ pub fn parse_metadata(offset: i64, metadata: &str) -> BTreeSet<i64> {
             return BTreeSet::new();
         }
         last = b;
-        let room = MAX_METADATA_OFFSETS - set.len();
+        let room = limit - set.len();
         if room > 0 {
             // `b - a` is at most i64::MAX - 1 here (1 <= a <= b), so the count fits in u64.
             let n = usize::try_from(b - a).map_or(room, |d| d.saturating_add(1).min(room));

@@ -55,6 +55,9 @@ pub struct Limits {
     /// Waiting messages of all partitions together, in bytes: above it every partition with
     /// waiting messages pauses; they resume below half.
     pub max_bytes: usize,
+    /// Offsets handled above a gap at which a partition pauses
+    /// ([`MAX_TRACKED_ABOVE`](super::offsets::MAX_TRACKED_ABOVE)).
+    pub max_tracked_above: usize,
 }
 
 /// One owned partition.
@@ -309,7 +312,11 @@ impl<T: Clone> PartitionSet<T> {
             }),
             trigger,
             generation: self.generation,
-            tracker: OffsetTracker::from_committed(a.committed, &a.metadata),
+            tracker: OffsetTracker::from_committed_bounded(
+                a.committed,
+                &a.metadata,
+                self.limits.max_tracked_above,
+            ),
             received_any: false,
             position_reset: false,
             start: a.committed,
@@ -694,7 +701,10 @@ impl<T: Clone> PartitionSet<T> {
                 continue;
             }
             let waiting = p.queue.waiting();
-            let gap_full = p.tracker.gap_full();
+            // A full gap pauses only once the record at the gap was received: a new owner
+            // can load a full gap from the commit metadata before it fetched anything, and
+            // pausing then would keep that record from ever arriving.
+            let gap_full = p.tracker.gap_full() && p.tracker.gap_head().is_some();
             if !p.paused && (waiting >= per_partition || (full && waiting > 0) || gap_full) {
                 p.paused = true;
                 out.pause.push(p.tp.clone());
@@ -897,6 +907,7 @@ mod tests {
         PartitionSet::new(Limits {
             per_partition,
             max_bytes,
+            max_tracked_above: super::super::offsets::MAX_TRACKED_ABOVE,
         })
     }
 

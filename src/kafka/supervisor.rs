@@ -305,6 +305,7 @@ impl ConnectionSupervisor {
             partitions: PartitionSet::new(Limits {
                 per_partition: config.max_buffered_per_partition,
                 max_bytes: config.max_buffered_bytes,
+                max_tracked_above: super::offsets::MAX_TRACKED_ABOVE,
             }),
             actions: Actions::default(),
             completions_tx,
