@@ -501,11 +501,6 @@ impl<Y: Fn()> Batch<'_, Y> {
     /// The record's event, or the step it takes instead.
     async fn screen(&self, r: &mut Record) -> Result<Rendered, Step> {
         let trigger = self.trigger;
-        // The broker tests' way to make a worker panic on one record.
-        #[cfg(feature = "kafka-integration-tests")]
-        if r.headers.iter().any(|h| h.name == "tessel-test-panic") {
-            panic!("test hook: the record carries a tessel-test-panic header");
-        }
         if let Some(step) = worker::expired(trigger, &r.msg) {
             return Err(step);
         }

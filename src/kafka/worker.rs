@@ -445,17 +445,22 @@ pub(super) async fn acquire_permit(
 
 /// A panic inside one attempt: counted and logged; the attempt failed like a transient
 /// dispatch failure, so `retry.max_attempts` and then `on_error` decide.
+/// The text a panic carried (`panic!` with a literal or with formatting).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned())
+}
+
 pub(super) fn on_panic(
     trigger: &TriggerRuntime,
     msg: &OwnedMessage,
     panic: &(dyn std::any::Any + Send),
     attempts: &mut Attempts,
 ) -> Step {
-    let what = panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_owned());
+    let what = panic_message(panic);
     metrics::worker_panic(&trigger.connection, &trigger.name);
     attempts.transient += 1;
     trigger.failed(&format!("worker panicked on a record: {what}"));
@@ -487,11 +492,6 @@ async fn attempt_once(
     headers: &[event::EventHeader],
     attempts: &mut Attempts,
 ) -> Step {
-    // The broker tests' way to make a worker panic on one record.
-    #[cfg(feature = "kafka-integration-tests")]
-    if headers.iter().any(|h| h.name == "tessel-test-panic") {
-        panic!("test hook: the record carries a tessel-test-panic header");
-    }
     if let Some(step) = expired(trigger, msg) {
         return step;
     }
@@ -879,8 +879,32 @@ pub(super) async fn decode(
 
 #[cfg(test)]
 mod tests {
-    use super::{decide, sanitize, Disposition, Next, Observed, RetryPolicy, WorkOutcome};
+    use super::{
+        decide, panic_message, sanitize, Disposition, Next, Observed, RetryPolicy, WorkOutcome,
+    };
     use std::time::Duration;
+
+    /// A panic inside an attempt is contained where the worker awaits the attempt, and what
+    /// it said becomes the failure's message (then the retry policy and `on_error` apply, as
+    /// `decide(Observed::Panicked, …)` below shows). Tested here rather than through a hook
+    /// compiled into the binary the broker tests run.
+    #[tokio::test]
+    async fn a_panic_in_an_attempt_is_contained_with_its_message() {
+        use futures::FutureExt as _;
+        let n = 7;
+        let caught = std::panic::AssertUnwindSafe(async move {
+            assert!(n == 0, "decoder bug at {n}");
+        })
+        .catch_unwind()
+        .await
+        .expect_err("the panic is caught");
+        assert_eq!(panic_message(&*caught), "decoder bug at 7");
+        let caught = std::panic::AssertUnwindSafe(async { panic!("literal") })
+            .catch_unwind()
+            .await
+            .expect_err("the panic is caught");
+        assert_eq!(panic_message(&*caught), "literal");
+    }
 
     const POLICY: RetryPolicy = RetryPolicy {
         max_attempts: 3,
