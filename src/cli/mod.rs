@@ -59,7 +59,7 @@ pub enum Command {
     /// and checks, without a token). Records are JSON objects, one per line, as the API takes
     /// them; each acknowledged record prints `{"topic", "partition", "offset"}`.
     Produce(ProduceArgs),
-    /// Run a local run dispatcher that prints one line per run (or, with --bench, measures).
+    /// Run a local run dispatcher that prints one line per run.
     DevDispatcher {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8787")]
@@ -74,8 +74,9 @@ pub enum Command {
         #[arg(long, default_value_t = 503)]
         fail_status: u16,
         /// Measuring mode for scripts/bench: no line per run, no fault injection (only
-        /// --latency-ms); figures at GET /stats (see `dev_dispatcher::bench`).
-        #[arg(long, conflicts_with_all = ["fail_ratio", "fail_status"])]
+        /// --latency-ms); figures at GET /stats (see `dev_dispatcher::bench`). A tool of
+        /// scripts/bench, hidden from the help.
+        #[arg(long, hide = true, conflicts_with_all = ["fail_ratio", "fail_status"])]
         bench: bool,
     },
     /// POST one body to a dispatcher through the connector's own HTTP client, --connections
