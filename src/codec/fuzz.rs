@@ -101,7 +101,7 @@ pub fn dispatcher_answer(text: &str) {
 /// Commit metadata written by another member (or anyone with WRITE on the group).
 pub fn commit_metadata(offset: i64, metadata: &str) {
     let set = crate::kafka::offsets::parse_metadata(offset, metadata);
-    assert!(set.len() <= 1_000_000);
+    assert!(set.len() <= crate::kafka::offsets::MAX_METADATA_OFFSETS);
     let mut t = crate::kafka::offsets::OffsetTracker::from_committed(Some(offset), metadata);
     for o in set.iter().take(64) {
         let _ = t.received(*o);
