@@ -1,5 +1,6 @@
 //! The only place that listens to OS signals. The first SIGINT or SIGTERM cancels the token
-//! (drain, commit, exit 0); a second one exits at once.
+//! (drain, commit, exit 0); a second one exits at once. SIGHUP asks for a configuration
+//! reload.
 
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -28,5 +29,20 @@ pub fn spawn_signal_handler(token: CancellationToken) {
         }
         tracing::warn!("second signal: exiting without draining");
         std::process::exit(FORCED_EXIT_CODE);
+    });
+}
+
+/// Sends on `reload` at every SIGHUP, until the channel closes.
+pub fn spawn_reload_signal(reload: tokio::sync::mpsc::Sender<&'static str>) {
+    tokio::spawn(async move {
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::error!("cannot install the SIGHUP handler: reload with the config file watch or POST /-/reload");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            if reload.send("SIGHUP").await.is_err() {
+                return;
+            }
+        }
     });
 }

@@ -33,6 +33,10 @@ pub struct ConnectionHealth {
     /// Permissions the connection's principal lacks, named as the product page does (`READ
     /// on group tessel-orders`, `READ on topic payments`).
     pub missing_permissions: Vec<String>,
+    /// Why the connection could not start or stopped, while it waits to try again (with
+    /// backoff; the other connections are not affected).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_error: Option<String>,
 }
 
 impl ConnectionHealth {
@@ -46,6 +50,7 @@ impl ConnectionHealth {
             && self.stopped_triggers.is_empty()
             && self.kafka_error.is_none()
             && self.missing_permissions.is_empty()
+            && self.start_error.is_none()
     }
 }
 
@@ -57,6 +62,15 @@ impl HealthRegistry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(connection.to_owned(), health);
+    }
+
+    /// Forgets a connection (removed by a reload).
+    pub fn remove(&self, connection: &str) {
+        let _ = self
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(connection);
     }
 
     /// Every connection's health.

@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 /// Runs the command `cli` names.
 pub async fn execute(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run { config } => {
-            let config = match Config::load(&config) {
+        Command::Run { config: path } => {
+            let config = match Config::load(&path) {
                 Ok(c) => c,
                 Err(e) => return fail(&e.to_string()),
             };
@@ -25,7 +25,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
             let token = CancellationToken::new();
             shutdown::spawn_signal_handler(token.clone());
             let result = match App::build(config) {
-                Ok(app) => app.run(token, true).await,
+                Ok(app) => app.reloading_from(&path).run(token, true).await,
                 Err(e) => Err(e.into()),
             };
             let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;

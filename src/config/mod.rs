@@ -28,7 +28,8 @@ pub use error::ConfigError;
 pub use otlp::{OtlpConfig, OtlpProtocol};
 pub use produce::{topic_matches, ProduceConfig, ProducerConfig, TokenGrant};
 pub use secret::{
-    is_secret_property, redact_text, redact_url, redacted_error_chain, Endpoint, Secret, REDACTED,
+    fingerprint, is_secret_property, redact_text, redact_url, redacted_error_chain, Endpoint,
+    Secret, REDACTED,
 };
 pub(crate) use trigger::is_secret_header;
 pub use trigger::{
@@ -67,12 +68,17 @@ pub struct ServerConfig {
     /// Address to listen on. Default `0.0.0.0:9464`.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// Serve `POST /-/reload` (reload the configuration file, as SIGHUP does). Off by
+    /// default: whoever reaches the admin port could otherwise trigger reloads.
+    #[serde(default)]
+    pub reload_endpoint: bool,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             listen: default_listen(),
+            reload_endpoint: false,
         }
     }
 }

@@ -32,8 +32,41 @@ impl fmt::Debug for Secret {
 
 impl Serialize for Secret {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(REDACTED)
+        s.serialize_str(if exposing() { &self.0 } else { REDACTED })
     }
+}
+
+thread_local! {
+    /// Set only while [`fingerprint`] serializes: secrets are then written as they are.
+    static EXPOSING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn exposing() -> bool {
+    EXPOSING.with(std::cell::Cell::get)
+}
+
+/// Whether [`fingerprint`] is serializing (for redacting serializers elsewhere in `config`).
+pub(crate) fn exposing_for_fingerprint() -> bool {
+    exposing()
+}
+
+/// A fingerprint of `value`'s serialized form with its secrets as they are (not redacted),
+/// so that a changed password or token changes it. Only the 64-bit hash leaves this function.
+/// A config reload restarts a connection whose fingerprint changed.
+pub fn fingerprint<T: Serialize>(value: &T) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            EXPOSING.with(|e| e.set(false));
+        }
+    }
+    EXPOSING.with(|e| e.set(true));
+    let _reset = Reset;
+    let text = serde_json::to_string(value).unwrap_or_default();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
 }
 
 /// A URL that may carry credentials (`https://user:pass@host/x?token=…`). Requests use
@@ -74,6 +107,9 @@ impl fmt::Display for Endpoint {
 
 impl Serialize for Endpoint {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if exposing() {
+            return s.serialize_str(self.0.as_str());
+        }
         s.serialize_str(&redact_url(&self.0))
     }
 }
@@ -269,6 +305,9 @@ pub(crate) fn serialize_properties<S: Serializer>(
     props: &std::collections::BTreeMap<String, String>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
+    if exposing() {
+        return props.serialize(s);
+    }
     redacted_properties(props).serialize(s)
 }
 
@@ -397,5 +436,50 @@ dispatcher = { url = "http://user:s3cr3t@127.0.0.1:8080/runs?token=t0ken-value&t
             assert!(!shown.contains(secret), "{secret} in {shown}");
         }
         assert!(shown.contains("tenant=acme"), "{shown}");
+    }
+}
+
+#[cfg(test)]
+mod fingerprint_tests {
+    use super::*;
+
+    #[derive(Serialize)]
+    struct Conn {
+        password: Secret,
+        url: Endpoint,
+        #[serde(serialize_with = "serialize_properties")]
+        kafka: std::collections::BTreeMap<String, String>,
+    }
+
+    fn conn(password: &str, url: &str, sasl: &str) -> Conn {
+        Conn {
+            password: Secret::new(password),
+            url: Endpoint::new(url::Url::parse(url).unwrap()),
+            kafka: [("sasl.password".to_owned(), sasl.to_owned())].into(),
+        }
+    }
+
+    #[test]
+    fn a_fingerprint_sees_secrets_and_redaction_is_back_after_it() {
+        let a = conn("p1", "https://u:t1@h/x", "s1");
+        let same = conn("p1", "https://u:t1@h/x", "s1");
+        assert_eq!(fingerprint(&a), fingerprint(&same));
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&conn("p2", "https://u:t1@h/x", "s1"))
+        );
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&conn("p1", "https://u:t2@h/x", "s1"))
+        );
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&conn("p1", "https://u:t1@h/x", "s2"))
+        );
+        let shown = serde_json::to_string(&a).unwrap();
+        assert!(
+            !shown.contains("p1") && !shown.contains("t1") && !shown.contains("s1"),
+            "{shown}"
+        );
     }
 }

@@ -186,6 +186,9 @@ fn serialize_headers<S: serde::Serializer>(
     headers: &BTreeMap<String, String>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
+    if super::secret::exposing_for_fingerprint() {
+        return headers.serialize(s);
+    }
     redacted_headers(headers).serialize(s)
 }
 

@@ -22,15 +22,23 @@ use crate::config::ProduceConfig;
 
 /// The produce API's state: one publisher per producing connection, and the tokens.
 pub struct ProduceApi {
+    /// Replaced whole when a connection starts or stops, or a reload changes the tokens:
+    /// a request reads it once.
+    routes: std::sync::RwLock<Arc<Routes>>,
+}
+
+/// The publishers of the connections running now, and the tokens and limits.
+struct Routes {
     publishers: HashMap<String, Arc<Publisher>>,
     config: ProduceConfig,
 }
 
 impl std::fmt::Debug for ProduceApi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let routes = self.routes();
         f.debug_struct("ProduceApi")
-            .field("connections", &self.publishers.keys().collect::<Vec<_>>())
-            .field("tokens", &self.config.tokens.keys().collect::<Vec<_>>())
+            .field("connections", &routes.publishers.keys().collect::<Vec<_>>())
+            .field("tokens", &routes.config.tokens.keys().collect::<Vec<_>>())
             .finish()
     }
 }
@@ -38,7 +46,41 @@ impl std::fmt::Debug for ProduceApi {
 impl ProduceApi {
     /// The API over `publishers` with `config`'s tokens and limits.
     pub fn new(publishers: HashMap<String, Arc<Publisher>>, config: ProduceConfig) -> Self {
-        Self { publishers, config }
+        Self {
+            routes: std::sync::RwLock::new(Arc::new(Routes { publishers, config })),
+        }
+    }
+
+    fn routes(&self) -> Arc<Routes> {
+        Arc::clone(&self.routes.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn update(
+        &self,
+        change: impl FnOnce(&mut HashMap<String, Arc<Publisher>>, &mut ProduceConfig),
+    ) {
+        let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
+        let mut publishers = routes.publishers.clone();
+        let mut config = routes.config.clone();
+        change(&mut publishers, &mut config);
+        *routes = Arc::new(Routes { publishers, config });
+    }
+
+    /// `connection`'s publisher, while it runs (None: it stopped or cannot start).
+    pub fn set_publisher(&self, connection: &str, publisher: Option<Arc<Publisher>>) {
+        self.update(|publishers, _| match publisher {
+            Some(p) => {
+                let _ = publishers.insert(connection.to_owned(), p);
+            }
+            None => {
+                let _ = publishers.remove(connection);
+            }
+        });
+    }
+
+    /// The tokens and limits of a reloaded configuration.
+    pub fn set_config(&self, config: ProduceConfig) {
+        self.update(|_, c| *c = config);
     }
 
     /// The routes, to merge into the daemon's router.
@@ -47,7 +89,9 @@ impl ProduceApi {
             .route("/v1/connections/{connection}/messages", post(produce))
             .with_state(self)
     }
+}
 
+impl Routes {
     /// The name of the token presented, compared in constant time against every token.
     fn authenticate(&self, headers: &HeaderMap) -> Result<&str, &'static str> {
         let presented = headers
@@ -95,9 +139,10 @@ async fn produce(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let resp = handle(&api, &connection, &headers, body).await;
+    let routes = api.routes();
+    let resp = handle(&routes, &connection, &headers, body).await;
     // Only configured connection names become labels.
-    let label = if api.publishers.contains_key(&connection) {
+    let label = if routes.publishers.contains_key(&connection) {
         connection.as_str()
     } else {
         "unknown"
@@ -106,7 +151,7 @@ async fn produce(
     resp
 }
 
-async fn handle(api: &ProduceApi, connection: &str, headers: &HeaderMap, body: Body) -> Response {
+async fn handle(api: &Routes, connection: &str, headers: &HeaderMap, body: Body) -> Response {
     if api.config.tokens.is_empty() {
         return refuse(
             404,

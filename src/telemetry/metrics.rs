@@ -61,6 +61,13 @@ pub const PRODUCE_REQUESTS: &str = "tessel_kafka_produce_requests_total";
 /// Worker tasks that panicked on a record, by connection and trigger.
 pub const WORKER_PANICS: &str = "tessel_kafka_worker_panics_total";
 
+/// Whether a connection runs (1) or waits to start again after a failure (0).
+pub const CONNECTION_UP: &str = "tessel_kafka_connection_up";
+/// Connections that could not start or stopped with an error, by connection.
+pub const CONNECTION_FAILURES: &str = "tessel_kafka_connection_failures_total";
+/// Configuration reloads, by result.
+pub const CONFIG_RELOADS: &str = "tessel_kafka_config_reloads_total";
+
 /// Always 1, with the version and the librdkafka version as labels.
 pub const BUILD_INFO: &str = "tessel_kafka_build_info";
 
@@ -100,6 +107,9 @@ pub const INVENTORY: &[(&str, Kind, &str)] = &[
     (REGISTRY_CACHE, Kind::Counter, "Schema cache lookups, by connection and result (hit, miss)."),
     (PRODUCE_REQUESTS, Kind::Counter, "Produce API requests, by connection and HTTP status."),
     (BUILD_INFO, Kind::Gauge, "Always 1; the labels say which build is running."),
+    (CONNECTION_UP, Kind::Gauge, "Whether the connection runs (1) or waits to start again after a failure (0), by connection."),
+    (CONNECTION_FAILURES, Kind::Counter, "Connections that could not start (clients, consumer) or stopped with an error, by connection; each is retried with backoff while the others run."),
+    (CONFIG_RELOADS, Kind::Counter, "Configuration reloads, by result (ok, invalid: refused, the running configuration kept)."),
     (WORKER_PANICS, Kind::Counter, "Worker tasks that panicked while handling a record, by trigger (contained; the record is retried, then on_error applies)."),
 ];
 
@@ -241,6 +251,21 @@ pub fn handled(connection: &str, trigger: &str, outcome: &'static str) {
 /// A decode failed.
 pub fn decode_error(connection: &str, trigger: &str, class: &'static str) {
     counter!(DECODE_ERRORS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned(), "class" => class).increment(1);
+}
+
+/// Whether `connection` runs.
+pub fn connection_up(connection: &str, up: bool) {
+    gauge!(CONNECTION_UP, "connection" => connection.to_owned()).set(if up { 1.0 } else { 0.0 });
+}
+
+/// `connection` could not start or stopped with an error.
+pub fn connection_failure(connection: &str) {
+    counter!(CONNECTION_FAILURES, "connection" => connection.to_owned()).increment(1);
+}
+
+/// A configuration reload ended with `result` (`ok`, `invalid`).
+pub fn config_reload(result: &'static str) {
+    counter!(CONFIG_RELOADS, "result" => result).increment(1);
 }
 
 /// A worker panicked on a record.
@@ -436,6 +461,9 @@ mod tests {
             produce_request("c", 200);
             brokers_up("c", true);
             worker_panic("c", "tr");
+            connection_up("c", true);
+            connection_failure("c");
+            config_reload("ok");
         });
         consumer_lag("render-one-of-each", "t", 0, 7);
         let text = render(&handle);

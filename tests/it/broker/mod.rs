@@ -14,6 +14,7 @@ mod patterns;
 mod pipeline;
 mod produce;
 mod prometheus;
+mod region;
 mod restart;
 mod security;
 mod smoke;

@@ -1,0 +1,290 @@
+//! Many tenants in one daemon (issue 28): a connection that cannot start or authenticate is
+//! reported and retried while the others run, and a configuration reload applies only what
+//! changed: untouched connections keep their consumer (member id) and keep dispatching, an
+//! invalid configuration is refused with everything left running.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::ClientConfig;
+use serde_json::Value;
+use tessel_kafka::cli::dev_dispatcher::DevDispatcher;
+
+use super::{create_topic, dispatcher, produce_keyed, spawn_daemon};
+use crate::support::{free_port, stack, unique, wait_for, wait_for_async};
+
+/// The text of `url`, when it answers.
+async fn get_text(url: &str) -> Option<String> {
+    reqwest::get(url).await.ok()?.text().await.ok()
+}
+
+/// The value of the first sample of `name` whose labels contain `labels`.
+fn sample(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Runs accepted per connection.
+fn runs_by_connection(d: &DevDispatcher) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for r in d.runs() {
+        let c = r.event["connection"].as_str().unwrap_or("?").to_owned();
+        *out.entry(c).or_default() += 1;
+    }
+    out
+}
+
+/// The member ids of `group`, sorted.
+fn member_ids(admin: &BaseConsumer, group: &str) -> Vec<String> {
+    let Ok(list) = admin.fetch_group_list(Some(group), Duration::from_secs(5)) else {
+        return Vec::new();
+    };
+    let mut ids: Vec<String> = list
+        .groups()
+        .iter()
+        .filter(|g| g.name() == group)
+        .flat_map(|g| g.members().iter().map(|m| m.id().to_owned()))
+        .collect();
+    ids.sort();
+    ids
+}
+
+struct Tenant {
+    name: &'static str,
+    topic: String,
+    group: String,
+}
+
+impl Tenant {
+    /// A tenant whose topic and group start with `prefix` (the limited principal's ACLs).
+    fn new(name: &'static str, prefix: &str) -> Self {
+        Self {
+            name,
+            topic: unique(&format!("{prefix}region-{name}")),
+            group: unique(&format!("{prefix}region-{name}-g")),
+        }
+    }
+
+    /// The connection's TOML, with `kafka` lines for its security.
+    fn toml(&self, kafka: &str, dispatcher: &str) -> String {
+        format!(
+            r#"
+[connections.{name}]
+drain_timeout_ms = 5000
+[connections.{name}.kafka]
+"group.id" = "{group}"
+"auto.offset.reset" = "earliest"
+{kafka}
+[connections.{name}.triggers.main]
+topics = ["{topic}"]
+workflow = "wf-{name}"
+key_format = "string"
+dispatcher = {{ url = "{dispatcher}" }}
+"#,
+            name = self.name,
+            group = self.group,
+            topic = self.topic,
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_tenant_is_retried_while_the_others_run_and_a_reload_applies_only_changes() {
+    let s = stack();
+    let good = [Tenant::new("good-a", ""), Tenant::new("good-b", "")];
+    // Over mTLS, as the limited principal of the stack (its ACLs cover this prefix).
+    let bad_ca = Tenant::new("bad-ca", &s.acl_prefix);
+    let bad_pw = Tenant::new("bad-pw", "");
+    for t in good.iter().chain([&bad_ca, &bad_pw]) {
+        create_topic(&t.topic, 2).await;
+        produce_keyed(&t.topic, 0, 20, 5).await;
+    }
+    let d = dispatcher(Default::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("sasl-password");
+    std::fs::write(&password_file, "not-the-password\n").unwrap();
+    let admin_port = free_port();
+    let plaintext = format!("\"bootstrap.servers\" = \"{}\"", s.bootstrap);
+    let sasl = format!(
+        "\"bootstrap.servers\" = \"{}\"\n\"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"{}\"\n\"sasl.password_file\" = \"{}\"\n\"ssl.ca.location\" = \"{}\"",
+        s.bootstrap_sasl_ssl,
+        s.admin_user,
+        password_file.display(),
+        s.ca_pem
+    );
+    let ssl = |ca: &str| {
+        format!(
+            "\"bootstrap.servers\" = \"{}\"\n\"security.protocol\" = \"SSL\"\n\"ssl.ca.location\" = \"{ca}\"\n\"ssl.certificate.location\" = \"{}\"\n\"ssl.key.location\" = \"{}\"",
+            s.bootstrap_ssl, s.client_cert_pem, s.client_key_pem
+        )
+    };
+    let config = |ca: &str, extra: &str| {
+        let mut text = format!(
+            "[server]\nlisten = \"127.0.0.1:{admin_port}\"\nreload_endpoint = true\n{extra}"
+        );
+        for t in &good {
+            text.push_str(&t.toml(&plaintext, &d.url()));
+        }
+        text.push_str(&bad_ca.toml(&ssl(ca), &d.url()));
+        text.push_str(&bad_pw.toml(&sasl, &d.url()));
+        text
+    };
+    let path = dir.path().join("config.toml");
+    // Written as an orchestrator does: a new file renamed over the old one.
+    let write = |text: String| {
+        let tmp = dir.path().join(".config.toml.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    };
+    let missing_ca = dir.path().join("no-such-ca.pem");
+    write(config(&missing_ca.display().to_string(), ""));
+    let log = std::env::temp_dir().join(format!("{}.log", unique("region")));
+    let mut daemon = spawn_daemon(&path, std::fs::File::create(&log).unwrap().into());
+    let base = format!("http://127.0.0.1:{admin_port}");
+    let reload = || async {
+        let resp = reqwest::Client::new()
+            .post(format!("{base}/-/reload"))
+            .send()
+            .await
+            .expect("POST /-/reload");
+        assert_eq!(resp.status(), 202);
+    };
+
+    // The good tenants drain their topics while the other two cannot run.
+    wait_for("the good tenants' runs", Duration::from_secs(60), || {
+        let runs = runs_by_connection(&d);
+        (runs.get("good-a") == Some(&20) && runs.get("good-b") == Some(&20)).then_some(())
+    })
+    .await;
+    let (metrics, health) = wait_for_async(
+        "the failing tenants reported",
+        Duration::from_secs(60),
+        || async {
+            let metrics = get_text(&format!("{base}/metrics")).await?;
+            let health: Value =
+                serde_json::from_str(&get_text(&format!("{base}/readyz")).await?).ok()?;
+            let reported = sample(
+                &metrics,
+                "tessel_kafka_connection_up",
+                "connection=\"bad-ca\"",
+            ) == Some(0.0)
+                && sample(
+                    &metrics,
+                    "tessel_kafka_connection_failures_total",
+                    "connection=\"bad-ca\"",
+                )
+                .is_some_and(|n| n >= 1.0)
+                && health["connections"]["bad-pw"]["kafka_error"].is_string();
+            reported.then_some((metrics, health))
+        },
+    )
+    .await;
+    assert_eq!(
+        sample(
+            &metrics,
+            "tessel_kafka_connection_up",
+            "connection=\"good-a\""
+        ),
+        Some(1.0)
+    );
+    let start_error = health["connections"]["bad-ca"]["start_error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(start_error.contains("ssl.ca.location"), "{health}");
+    assert!(!runs_by_connection(&d).contains_key("bad-ca"));
+    assert!(!runs_by_connection(&d).contains_key("bad-pw"));
+    assert!(daemon.try_wait().unwrap().is_none(), "the daemon runs on");
+
+    let admin: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &s.bootstrap)
+        .create()
+        .unwrap();
+    let members_before: Vec<Vec<String>> =
+        good.iter().map(|t| member_ids(&admin, &t.group)).collect();
+    assert!(
+        members_before.iter().all(|m| m.len() == 1),
+        "{members_before:?}"
+    );
+
+    // The CA path and the password file are fixed; a reload starts the two, only them.
+    std::fs::write(&password_file, format!("{}\n", s.admin_password)).unwrap();
+    write(config(&s.ca_pem, ""));
+    reload().await;
+    wait_for("the fixed tenants' runs", Duration::from_secs(90), || {
+        let runs = runs_by_connection(&d);
+        (runs.get("bad-ca") == Some(&20) && runs.get("bad-pw") == Some(&20)).then_some(())
+    })
+    .await;
+    produce_keyed(&good[0].topic, 20, 30, 5).await;
+    wait_for(
+        "the untouched tenant keeps dispatching",
+        Duration::from_secs(30),
+        || (runs_by_connection(&d).get("good-a") == Some(&30)).then_some(()),
+    )
+    .await;
+    let members_after: Vec<Vec<String>> =
+        good.iter().map(|t| member_ids(&admin, &t.group)).collect();
+    assert_eq!(
+        members_before, members_after,
+        "untouched consumers keep their member ids"
+    );
+
+    // An invalid configuration is refused: everything keeps running.
+    write(config(&s.ca_pem, "this is not toml"));
+    reload().await;
+    let metrics = wait_for_async(
+        "the refused reload counted",
+        Duration::from_secs(30),
+        || async {
+            let metrics = get_text(&format!("{base}/metrics")).await?;
+            sample(
+                &metrics,
+                "tessel_kafka_config_reloads_total",
+                "result=\"invalid\"",
+            )
+            .is_some_and(|n| n >= 1.0)
+            .then_some(metrics)
+        },
+    )
+    .await;
+    assert!(
+        sample(
+            &metrics,
+            "tessel_kafka_config_reloads_total",
+            "result=\"ok\""
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+    produce_keyed(&good[1].topic, 20, 30, 5).await;
+    produce_keyed(&bad_ca.topic, 20, 30, 5).await;
+    wait_for(
+        "still dispatching after the refused reload",
+        Duration::from_secs(30),
+        || {
+            let runs = runs_by_connection(&d);
+            (runs.get("good-b") == Some(&30) && runs.get("bad-ca") == Some(&30)).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        good.iter()
+            .map(|t| member_ids(&admin, &t.group))
+            .collect::<Vec<_>>(),
+        members_before
+    );
+    assert_eq!(d.repeats(), 0, "{:?}", d.repeated_keys());
+
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &daemon.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = daemon.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(exit.success(), "exit {exit:?}: {text}");
+    assert!(text.contains("configuration reload refused"), "{text}");
+}
