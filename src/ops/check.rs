@@ -11,7 +11,7 @@
 //! | WRITE on topic T | only where the connection produces: a produce request with `acks=2`, which the broker refuses after authorization (`INVALID_REQUIRED_ACKS`) and before writing anything | `missing WRITE on topic T` |
 //! | idempotent producer id | only where the connection produces: an idempotent producer obtains a producer id | `missing IDEMPOTENT_WRITE on cluster …` |
 //! | schema registry | `GET /subjects` with the configured credentials | the registry's answer |
-//! | dispatcher | `GET` on the trigger's URL with its token (any answer but 401/403 passes) | the dispatcher's answer |
+//! | dispatcher | `GET` on the trigger's URL with its token, CA, client certificate and proxy (any answer but 401/403 passes) | the dispatcher's answer |
 //!
 //! Kafka treats READ, WRITE, DELETE and ALTER on a topic as implying DESCRIBE, so a principal
 //! with READ passes the DESCRIBE line whether or not DESCRIBE was granted separately.
@@ -629,10 +629,7 @@ async fn registry_check(r: &mut Report<'_>, conn: &ConnectionConfig) {
 async fn dispatcher_checks(r: &mut Report<'_>, conn: &ConnectionConfig) {
     for (tname, t) in &conn.triggers {
         let check = format!("dispatcher of trigger {tname}");
-        let client = match reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()
-        {
+        let client = match dispatcher_probe_client(&t.dispatcher) {
             Ok(c) => c,
             Err(e) => {
                 r.fail(&check, format!("cannot build an HTTP client: {e}"));
@@ -666,6 +663,23 @@ async fn dispatcher_checks(r: &mut Report<'_>, conn: &ConnectionConfig) {
             ),
         }
     }
+}
+
+/// A client that reaches the dispatcher as the trigger does: its CA and client certificate,
+/// its proxy (else the environment's, as reqwest reads it).
+fn dispatcher_probe_client(d: &crate::config::DispatcherConfig) -> Result<reqwest::Client, String> {
+    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(5));
+    if d.tls_files().any() {
+        let tls =
+            crate::tls::client_config("dispatcher", d.tls_files()).map_err(|e| e.to_string())?;
+        builder = builder.tls_backend_preconfigured(tls);
+    }
+    if let Some(proxy) = &d.proxy {
+        let proxy = reqwest::Proxy::all(proxy.expose().as_str())
+            .map_err(|e| format!("proxy {proxy}: {}", e.without_url()))?;
+        builder = builder.proxy(proxy);
+    }
+    builder.build().map_err(|e| e.to_string())
 }
 
 /// The report as a table: one line per check.
