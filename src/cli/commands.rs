@@ -35,8 +35,13 @@ pub async fn execute(cli: Cli) -> ExitCode {
             }
         }
         Command::Config {
-            command: ConfigCommand::Check { config },
+            command: ConfigCommand::Check { config, json },
         } => match Config::load(&config) {
+            Ok(c) if json => {
+                let out = serde_json::json!({ "notices": c.notices(), "config": c });
+                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
             Ok(c) => {
                 println!("# configuration is valid; effective values, secrets redacted");
                 for notice in c.notices() {
@@ -79,6 +84,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
                     partition,
                     from,
                     to,
+                    json,
                 },
         } => {
             let result = match Config::load(&config) {
@@ -90,11 +96,18 @@ pub async fn execute(cli: Cli) -> ExitCode {
             };
             match result {
                 Ok(replayed) => {
-                    for r in &replayed {
+                    if json {
                         println!(
-                            "{}\t{}\t{}",
-                            r.dead_letter_offset, r.idempotency_key, r.outcome
+                            "{}",
+                            serde_json::to_string_pretty(&replayed).unwrap_or_default()
                         );
+                    } else {
+                        for r in &replayed {
+                            println!(
+                                "{}\t{}\t{}",
+                                r.dead_letter_offset, r.idempotency_key, r.outcome
+                            );
+                        }
                     }
                     if replayed.iter().all(|r| r.outcome == "accepted") {
                         ExitCode::SUCCESS

@@ -112,6 +112,9 @@ pub enum ConfigCommand {
         /// Configuration file (TOML).
         #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
         config: PathBuf,
+        /// Print `{"notices": [...], "config": {...}}` as JSON instead of TOML.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -181,6 +184,9 @@ pub enum DlqCommand {
         /// Stop before this offset (default: the end).
         #[arg(long)]
         to: Option<i64>,
+        /// Print the replayed records as JSON instead of tab-separated lines.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -105,6 +105,40 @@ fn config_check_prints_effective_config_without_secrets() {
     );
 }
 
+#[test]
+fn config_check_json_is_the_effective_config_without_secrets() {
+    let text = GOOD
+        .replace(
+            "\"group.id\" = \"g\"",
+            "\"group.id\" = \"g\"\n\"sasl.password\" = \"pw-9f3a1\"",
+        )
+        .replace(
+            "dispatcher = { url = \"http://127.0.0.1:1/runs\" }",
+            "dispatcher = { url = \"http://u:pr0xy-pw@127.0.0.1:1/runs\", token = \"tok-77c2\" }",
+        );
+    let path = temp_config(&text);
+    let out = Command::new(binary())
+        .args(["config", "check", "--json", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let value: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let trigger = &value["config"]["connections"]["orders"]["triggers"]["t"];
+    assert_eq!(trigger["concurrency"], 16);
+    assert_eq!(trigger["dispatcher"]["token"], "***redacted***");
+    assert_eq!(trigger["dispatcher"]["url"], "http://***@127.0.0.1:1/runs");
+    assert_eq!(
+        value["config"]["connections"]["orders"]["kafka"]["sasl.password"],
+        "***redacted***"
+    );
+    assert_eq!(value["notices"], serde_json::json!([]));
+    for secret in ["pw-9f3a1", "tok-77c2", "pr0xy-pw"] {
+        assert!(!stdout.contains(secret), "{stdout}");
+    }
+}
+
 /// Every file in config/examples/ passes `config check` with dummy secrets from the
 /// environment, prints its translations as notes, and never prints a secret.
 #[test]

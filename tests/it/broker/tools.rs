@@ -105,6 +105,18 @@ async fn offsets_show_reset_and_dead_letter_replay_work_and_reset_waits_for_an_i
         String::from_utf8_lossy(&replay.stderr)
     );
     assert_eq!(stdout.trim(), format!("0\t{rejected}\taccepted"));
+    // The same replay, as JSON (the dispatcher accepts the key again: it is idempotent).
+    let replay = cli(&["dlq", "replay", "--trigger", "main", "--json"], &config).await;
+    assert!(
+        replay.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    let replayed: Value = serde_json::from_slice(&replay.stdout).unwrap();
+    assert_eq!(
+        replayed,
+        json!([{"dead_letter_offset": 0, "idempotency_key": rejected, "outcome": "accepted"}])
+    );
     let run = d
         .runs()
         .into_iter()
