@@ -1,5 +1,6 @@
-//! Test support: a private CA made with the `openssl` command, and a local TLS server that
-//! requires and verifies client certificates. Compiled for tests only.
+//! Test support: a private CA made with the `openssl` command, a local TLS server that
+//! requires and verifies client certificates, and a local CONNECT proxy that records its
+//! tunnels. Compiled for tests only (the crate's, and tests/it's through `#[path]`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -7,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 const OPENSSL_CONFIG: &str = "\
 [req]
@@ -195,4 +196,35 @@ pub(crate) async fn read_head(io: &mut (impl AsyncRead + Unpin)) -> Option<Strin
         head.push(io.read_u8().await.ok()?);
     }
     Some(String::from_utf8(head).unwrap())
+}
+
+/// A CONNECT proxy on 127.0.0.1; returns its port and the head of each tunnel it opened.
+pub(crate) async fn connect_proxy() -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let tunnels = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&tunnels);
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let record = Arc::clone(&record);
+            tokio::spawn(async move {
+                let Some(head) = read_head(&mut client).await else {
+                    return;
+                };
+                let target = head
+                    .strip_prefix("CONNECT ")
+                    .and_then(|rest| rest.split(' ').next())
+                    .expect("a CONNECT request")
+                    .to_owned();
+                record.lock().unwrap().push(head);
+                let mut upstream = TcpStream::connect(target).await.unwrap();
+                client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+                    .unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            });
+        }
+    });
+    (port, tunnels)
 }

@@ -5,41 +5,10 @@
 use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncWriteExt as _;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 use super::*;
-use crate::tls::testing::{mtls_server as tls_dispatcher, read_head, read_request, Pki};
-
-/// A CONNECT proxy on 127.0.0.1; returns its port and the head of each tunnel it opened.
-async fn connect_proxy() -> (u16, Arc<Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let tunnels = Arc::new(Mutex::new(Vec::new()));
-    let record = Arc::clone(&tunnels);
-    tokio::spawn(async move {
-        while let Ok((mut client, _)) = listener.accept().await {
-            let record = Arc::clone(&record);
-            tokio::spawn(async move {
-                let Some(head) = read_head(&mut client).await else {
-                    return;
-                };
-                let target = head
-                    .strip_prefix("CONNECT ")
-                    .and_then(|rest| rest.split(' ').next())
-                    .expect("a CONNECT request")
-                    .to_owned();
-                record.lock().unwrap().push(head);
-                let mut upstream = TcpStream::connect(target).await.unwrap();
-                client
-                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                    .await
-                    .unwrap();
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-            });
-        }
-    });
-    (port, tunnels)
-}
+use crate::tls::testing::{connect_proxy, mtls_server as tls_dispatcher, read_request, Pki};
 
 /// A plain HTTP dispatcher answering every request with 200; returns its port and the
 /// request bodies.

@@ -716,6 +716,37 @@ pub fn render_table(lines: &[CheckLine]) -> String {
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn the_dispatcher_probe_uses_the_triggers_ca_client_certificate_and_proxy() {
+        use crate::tls::testing::{connect_proxy, mtls_server, Pki};
+        let pki = Pki::new("check test CA", true);
+        let (port, seen) = mtls_server(&pki).await;
+        let (proxy_port, tunnels) = connect_proxy().await;
+        let config: crate::config::DispatcherConfig = toml::from_str(&format!(
+            "url = \"https://127.0.0.1:{port}/runs\"\nca_location = {:?}\n\
+             certificate_location = {:?}\nkey_location = {:?}\n\
+             proxy = \"http://127.0.0.1:{proxy_port}\"",
+            pki.path("ca.pem"),
+            pki.path("client.pem"),
+            pki.path("client.key"),
+        ))
+        .unwrap();
+        let client = dispatcher_probe_client(&config).unwrap();
+        let answer = client
+            .get(config.url.expose().clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), 200);
+        assert_eq!(seen.lock().unwrap().requests, [(String::new(), 1)]);
+        let tunnels = tunnels.lock().unwrap();
+        assert_eq!(tunnels.len(), 1);
+        assert!(
+            tunnels[0].starts_with(&format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n")),
+            "{tunnels:?}"
+        );
+    }
+
     #[test]
     fn table_aligns_and_names_the_missing_permission() {
         let lines = vec![
