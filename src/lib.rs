@@ -25,3 +25,4 @@ pub mod ops;
 pub mod produce;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;

@@ -35,8 +35,13 @@ pub async fn execute(cli: Cli) -> ExitCode {
             }
         }
         Command::Config {
-            command: ConfigCommand::Check { config },
+            command: ConfigCommand::Check { config, json },
         } => match Config::load(&config) {
+            Ok(c) if json => {
+                let out = serde_json::json!({ "notices": c.notices(), "config": c });
+                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
             Ok(c) => {
                 println!("# configuration is valid; effective values, secrets redacted");
                 for notice in c.notices() {
@@ -79,6 +84,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
                     partition,
                     from,
                     to,
+                    json,
                 },
         } => {
             let result = match Config::load(&config) {
@@ -90,11 +96,18 @@ pub async fn execute(cli: Cli) -> ExitCode {
             };
             match result {
                 Ok(replayed) => {
-                    for r in &replayed {
+                    if json {
                         println!(
-                            "{}\t{}\t{}",
-                            r.dead_letter_offset, r.idempotency_key, r.outcome
+                            "{}",
+                            serde_json::to_string_pretty(&replayed).unwrap_or_default()
                         );
+                    } else {
+                        for r in &replayed {
+                            println!(
+                                "{}\t{}\t{}",
+                                r.dead_letter_offset, r.idempotency_key, r.outcome
+                            );
+                        }
                     }
                     if replayed.iter().all(|r| r.outcome == "accepted") {
                         ExitCode::SUCCESS
@@ -224,16 +237,45 @@ async fn tools_command(command: OffsetsCommand) -> ExitCode {
             connection,
             to,
             topic,
+            partitions,
+            execute,
+            json,
         } => {
+            let request = tools::ResetRequest {
+                to,
+                topic,
+                partitions,
+                execute,
+            };
             let result = Config::load(&config)
                 .map_err(anyhow::Error::from)
-                .and_then(|c| {
-                    tools::offsets_reset(&c, connection.as_deref(), &to, topic.as_deref())
-                });
+                .and_then(|c| tools::offsets_reset(&c, connection.as_deref(), &request));
             match result {
-                Ok(rows) => {
-                    for (t, p, o) in rows {
-                        println!("{t}\t{p}\t{o}");
+                Ok(report) if json => {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&report).unwrap_or_default()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(report) => {
+                    print!("{}", render_reset(&report));
+                    if report.executed {
+                        eprintln!("committed the planned offsets of group {}", report.group);
+                    } else {
+                        eprintln!(
+                            "dry run: nothing was written; add --execute to commit the planned \
+                             offsets of group {}{}",
+                            report.group,
+                            if report.active_members > 0 {
+                                format!(
+                                    " (refused while its {} active member(s) consume)",
+                                    report.active_members
+                                )
+                            } else {
+                                String::new()
+                            }
+                        );
                     }
                     ExitCode::SUCCESS
                 }
@@ -241,6 +283,22 @@ async fn tools_command(command: OffsetsCommand) -> ExitCode {
             }
         }
     }
+}
+
+/// The plan of `offsets reset` as a table: one line per partition.
+fn render_reset(report: &tools::ResetReport) -> String {
+    let mut out = format!(
+        "{:<40} {:>9} {:>12} {:>12}\n",
+        "topic", "partition", "current", "planned"
+    );
+    for r in &report.partitions {
+        let current = r.current.map_or("-".to_owned(), |c| c.to_string());
+        out.push_str(&format!(
+            "{:<40} {:>9} {:>12} {:>12}\n",
+            r.topic, r.partition, current, r.planned
+        ));
+    }
+    out
 }
 
 async fn check_command(config: &std::path::Path, json: bool) -> ExitCode {

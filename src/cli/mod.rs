@@ -113,6 +113,9 @@ pub enum ConfigCommand {
         /// Configuration file (TOML).
         #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
         config: PathBuf,
+        /// Print `{"notices": [...], "config": {...}}` as JSON instead of TOML.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -131,7 +134,9 @@ pub enum OffsetsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Move the group's committed offsets; refused while a member of the group is active.
+    /// Plan moving the group's committed offsets, printing the current and planned offset of
+    /// each partition; with --execute, commit them (refused while a member of the group is
+    /// active). Without --execute nothing is written.
     Reset {
         /// Configuration file (TOML).
         #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
@@ -145,6 +150,15 @@ pub enum OffsetsCommand {
         /// Only this topic (default: all of the connection's topics).
         #[arg(long)]
         topic: Option<String>,
+        /// Only this partition of --topic (repeatable; default: every partition).
+        #[arg(long = "partition", requires = "topic")]
+        partitions: Vec<i32>,
+        /// Commit the planned offsets (default: a dry run that writes nothing).
+        #[arg(long)]
+        execute: bool,
+        /// Print the plan (and whether it was executed) as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -171,6 +185,9 @@ pub enum DlqCommand {
         /// Stop before this offset (default: the end).
         #[arg(long)]
         to: Option<i64>,
+        /// Print the replayed records as JSON instead of tab-separated lines.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -230,37 +230,12 @@ impl std::fmt::Debug for RegistryClient {
 /// Why a registry client could not be built.
 #[derive(Debug, Error)]
 pub enum RegistryClientError {
-    /// A TLS file could not be read.
-    #[error("cannot read {what} {path}: {source}")]
-    File {
-        /// Which file.
-        what: &'static str,
-        /// Its path.
-        path: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// A certificate or key is not usable PEM.
-    #[error("{what} {path} is not a usable PEM file: {source}")]
-    Pem {
-        /// Which file.
-        what: &'static str,
-        /// Its path.
-        path: String,
-        /// reqwest's error.
-        source: reqwest::Error,
-    },
+    /// A TLS file could not be read or used.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// The HTTP client could not be built.
     #[error("cannot build the registry's HTTP client: {0}")]
     Http(#[from] reqwest::Error),
-}
-
-fn read_pem(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, RegistryClientError> {
-    std::fs::read(path).map_err(|source| RegistryClientError::File {
-        what,
-        path: path.display().to_string(),
-        source,
-    })
 }
 
 impl RegistryClient {
@@ -272,29 +247,16 @@ impl RegistryClient {
             .connect_timeout(Duration::from_millis(config.timeout_ms.min(5_000)))
             .pool_idle_timeout(Duration::from_secs(90))
             .user_agent(concat!("tessel-kafka/", env!("CARGO_PKG_VERSION")));
-        if let Some(path) = &config.ca_location {
-            let pem = read_pem("registry CA", path)?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| {
-                RegistryClientError::Pem {
-                    what: "registry CA",
-                    path: path.display().to_string(),
-                    source,
-                }
-            })?;
-            // Only the configured CA signs the registry's certificate.
-            builder = builder.tls_certs_only(certs);
-        }
-        if let (Some(cert), Some(key)) = (&config.certificate_location, &config.key_location) {
-            let mut pem = read_pem("registry client certificate", cert)?;
-            pem.push(b'\n');
-            pem.extend(read_pem("registry client key", key)?);
-            let identity =
-                reqwest::Identity::from_pem(&pem).map_err(|source| RegistryClientError::Pem {
-                    what: "registry client certificate",
-                    path: cert.display().to_string(),
-                    source,
-                })?;
-            builder = builder.identity(identity);
+        let files = crate::tls::TlsFiles {
+            ca_location: config.ca_location.as_deref(),
+            certificate_location: config.certificate_location.as_deref(),
+            key_location: config.key_location.as_deref(),
+        };
+        if files.any() {
+            // The same CA and mTLS settings as the dispatcher client's (`crate::tls`): the
+            // configured CA replaces the system's roots.
+            builder =
+                builder.tls_backend_preconfigured(crate::tls::client_config("registry", files)?);
         }
         let http = builder.build()?;
         let auth = match (&config.username, &config.password, &config.bearer_token) {
@@ -819,6 +781,40 @@ mod tests {
         }
     }
     use super::*;
+
+    #[tokio::test]
+    async fn a_registry_behind_a_private_ca_is_reached_with_the_configured_client_certificate() {
+        use crate::tls::testing::{mtls_server, Pki};
+        let pki = Pki::new("registry test CA", true);
+        let (port, seen) = mtls_server(&pki).await;
+        let url = url::Url::parse(&format!("https://127.0.0.1:{port}")).unwrap();
+        let config = RegistryConfig {
+            ca_location: Some(pki.path("ca.pem")),
+            certificate_location: Some(pki.path("client.pem")),
+            key_location: Some(pki.path("client.key")),
+            ..RegistryConfig::new(crate::config::Endpoint::new(url))
+        };
+        RegistryClient::try_new(&config)
+            .unwrap()
+            .probe()
+            .await
+            .expect("the TLS registry answers");
+        // Without the client certificate the server refuses the handshake.
+        let without = RegistryConfig {
+            certificate_location: None,
+            key_location: None,
+            ..config
+        };
+        let refused = RegistryClient::try_new(&without).unwrap().probe().await;
+        assert!(
+            matches!(refused, Err(RegistryError::Unavailable(_))),
+            "{refused:?}"
+        );
+        let seen = seen.lock().unwrap();
+        // One GET /subjects, bodiless, with one client certificate; one refused handshake.
+        assert_eq!(seen.requests, [(String::new(), 1)]);
+        assert_eq!(seen.refused, 1);
+    }
 
     #[test]
     fn classifies_registry_statuses() {

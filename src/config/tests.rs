@@ -322,7 +322,7 @@ max_attempts = 3
     )
     .replace(
         "dispatcher = { url = \"http://127.0.0.1:8080/runs\" }",
-        "dispatcher = { url = \"http://127.0.0.1:8080/runs\", token = \"t\", headers = { \"X\" = \"y\" }, envelope = \"cloudevents\" }",
+        "dispatcher = { url = \"https://127.0.0.1:8080/runs\", token = \"t\", headers = { \"X\" = \"y\" }, envelope = \"cloudevents\", ca_location = \"/ca.pem\", certificate_location = \"/c.pem\", key_location = \"/c.key\", proxy = \"http://proxy:3128\" }",
     );
     let config = load(&full).unwrap();
     let value = toml::Value::try_from(&config).unwrap();
@@ -336,6 +336,7 @@ max_attempts = 3
         "produce_topics",
         "key_location",
         "max_wait_ms",
+        "proxy",
     ] {
         assert!(names.contains(expected), "{expected} not walked: {names:?}");
     }
@@ -587,4 +588,61 @@ fn batch_defaults_and_rules() {
         let err = load(&with(bad)).unwrap_err().to_string();
         assert!(err.contains(key), "{bad}: {err}");
     }
+}
+
+#[test]
+fn dispatcher_tls_and_proxy_settings_are_checked_with_exact_errors() {
+    let with = |fields: &str| {
+        MINIMAL.replace(
+            "dispatcher = { url = \"http://127.0.0.1:8080/runs\" }",
+            &format!("dispatcher = {{ {fields} }}"),
+        )
+    };
+    let key = "connections.orders.triggers.fraud.dispatcher";
+    for (fields, at, reason) in [
+        (
+            "url = \"https://runs\", certificate_location = \"/c.pem\"",
+            key.to_owned(),
+            "certificate_location and key_location go together (dispatcher mTLS)",
+        ),
+        (
+            "url = \"https://runs\", key_location = \"/c.key\"",
+            key.to_owned(),
+            "certificate_location and key_location go together (dispatcher mTLS)",
+        ),
+        (
+            "url = \"http://runs\", ca_location = \"/ca.pem\"",
+            key.to_owned(),
+            "ca_location, certificate_location and key_location need an https:// url",
+        ),
+        (
+            "url = \"https://runs\", proxy = \"https://proxy:3128\"",
+            format!("{key}.proxy"),
+            "must be an http:// URL (the tunnel to the proxy itself is not TLS)",
+        ),
+        (
+            "url = \"https://runs\", proxy = \"http://proxy:3128/path\"",
+            format!("{key}.proxy"),
+            "must be http://[user:password@]host[:port], with no path or query",
+        ),
+    ] {
+        let err = load(&with(fields)).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("invalid config at `{at}`: {reason}"),
+            "{fields}"
+        );
+    }
+    let c = load(&with(
+        "url = \"https://runs\", ca_location = \"/ca.pem\", certificate_location = \"/c.pem\", key_location = \"/c.key\", proxy = \"http://u:pr0xy-s3cret@proxy:3128\"",
+    ))
+    .unwrap();
+    let d = &c.connections["orders"].triggers["fraud"].dispatcher;
+    assert_eq!(
+        d.ca_location.as_deref(),
+        Some(std::path::Path::new("/ca.pem"))
+    );
+    assert_eq!(d.proxy.as_ref().unwrap().expose().port(), Some(3128));
+    let shown = format!("{d:?} {}", toml::to_string(&c).unwrap());
+    assert!(!shown.contains("pr0xy-s3cret"), "{shown}");
 }

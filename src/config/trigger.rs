@@ -142,6 +142,34 @@ pub struct DispatcherConfig {
     /// `dev.tessel.kafka.record`.
     #[serde(default = "default_cloudevents_type")]
     pub cloudevents_type: String,
+    /// CA certificates (PEM) that sign the dispatcher's certificate, *instead of* the
+    /// system's trust store (as `schema_registry.ca_location`). With an https:// `url` only.
+    #[serde(default)]
+    pub ca_location: Option<std::path::PathBuf>,
+    /// Client certificate (PEM, the chain) for mTLS; needs `key_location`.
+    #[serde(default)]
+    pub certificate_location: Option<std::path::PathBuf>,
+    /// Client private key (PEM, unencrypted) for mTLS, typically a mounted secret file.
+    #[serde(default)]
+    pub key_location: Option<std::path::PathBuf>,
+    /// An HTTP proxy, `http://[user:password@]host:port`, through which every connection to
+    /// the dispatcher is a CONNECT tunnel (TLS, when the `url` is https, runs end to end
+    /// inside it). Unset: `HTTPS_PROXY` / `HTTP_PROXY` / `ALL_PROXY` (or their lower-case
+    /// forms) apply as curl reads them, with `NO_PROXY` exempting hosts, read when the
+    /// trigger starts. Credentials in it become `Proxy-Authorization: Basic`.
+    #[serde(default)]
+    pub proxy: Option<super::secret::Endpoint>,
+}
+
+impl DispatcherConfig {
+    /// The CA and client certificate files of this dispatcher.
+    pub fn tls_files(&self) -> crate::tls::TlsFiles<'_> {
+        crate::tls::TlsFiles {
+            ca_location: self.ca_location.as_deref(),
+            certificate_location: self.certificate_location.as_deref(),
+            key_location: self.key_location.as_deref(),
+        }
+    }
 }
 
 /// The shape of a dispatch request.
@@ -201,6 +229,10 @@ impl std::fmt::Debug for DispatcherConfig {
             .field("timeout_ms", &self.timeout_ms)
             .field("envelope", &self.envelope)
             .field("cloudevents_type", &self.cloudevents_type)
+            .field("ca_location", &self.ca_location)
+            .field("certificate_location", &self.certificate_location)
+            .field("key_location", &self.key_location)
+            .field("proxy", &self.proxy)
             .finish()
     }
 }
@@ -396,6 +428,43 @@ impl TriggerConfig {
                 format!("{key}.dispatcher.url"),
                 "must be http or https",
             ));
+        }
+        self.validate_dispatcher_transport(&format!("{key}.dispatcher"))
+    }
+
+    /// The dispatcher's TLS files and proxy (`key`: the dispatcher's key path).
+    fn validate_dispatcher_transport(&self, key: &str) -> Result<(), ConfigError> {
+        let d = &self.dispatcher;
+        if d.certificate_location.is_some() != d.key_location.is_some() {
+            return Err(ConfigError::invalid(
+                key,
+                "certificate_location and key_location go together (dispatcher mTLS)",
+            ));
+        }
+        if d.tls_files().any() && d.url.scheme() != "https" {
+            return Err(ConfigError::invalid(
+                key,
+                "ca_location, certificate_location and key_location need an https:// url",
+            ));
+        }
+        if let Some(proxy) = &d.proxy {
+            let p = proxy.expose();
+            if p.scheme() != "http" {
+                return Err(ConfigError::invalid(
+                    format!("{key}.proxy"),
+                    "must be an http:// URL (the tunnel to the proxy itself is not TLS)",
+                ));
+            }
+            if p.host_str().is_none_or(str::is_empty)
+                || !matches!(p.path(), "" | "/")
+                || p.query().is_some()
+                || p.fragment().is_some()
+            {
+                return Err(ConfigError::invalid(
+                    format!("{key}.proxy"),
+                    "must be http://[user:password@]host[:port], with no path or query",
+                ));
+            }
         }
         Ok(())
     }

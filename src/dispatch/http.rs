@@ -4,8 +4,17 @@
 //! built once, and a request is the body plus two header values. (reqwest, which the registry
 //! client and the OTLP exporter use, cost about 4 µs of CPU per event on this path: see
 //! `docs/performance.md`.) The client does not follow redirects (a dispatcher answers; a
-//! redirect would resend the run and its token elsewhere) and does not use `HTTP(S)_PROXY`.
+//! redirect would resend the run and its token elsewhere).
+//!
+//! How the dispatcher is reached is decided once, when the trigger starts: TLS with the
+//! trigger's CA and client certificate when configured (see [`crate::tls`]), and directly or
+//! through a CONNECT tunnel of an HTTP proxy (`dispatcher.proxy`, else the environment's
+//! `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY`). Only connection set-up differs: a request
+//! takes the same path through the pooled client either way.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,15 +24,18 @@ use hyper::header::{
     USER_AGENT,
 };
 use hyper::{Method, Request, Uri};
+use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::client::proxy::matcher::{Intercept, Matcher};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::retry::parse_retry_after;
 use super::{classify, DispatchOutcome};
 use crate::config::DispatcherConfig;
 
-type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+type Connector = hyper_rustls::HttpsConnector<Route>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The most of an error answer's body kept for the error message.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -51,8 +63,14 @@ impl std::fmt::Debug for HttpDispatcher {
 }
 
 impl HttpDispatcher {
-    /// Builds the client with the trigger's auth and headers.
+    /// Builds the client with the trigger's auth, headers, TLS files and proxy (the
+    /// environment's proxy variables are read now).
     pub fn try_new(config: &DispatcherConfig) -> Result<Self, String> {
+        Self::try_new_with_env(config, &Matcher::from_env())
+    }
+
+    /// [`HttpDispatcher::try_new`] with the proxy rules of the environment given.
+    fn try_new_with_env(config: &DispatcherConfig, env: &Matcher) -> Result<Self, String> {
         let url = config.url.expose();
         let mut headers = HeaderMap::new();
         let _ = headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -89,13 +107,17 @@ impl HttpDispatcher {
             value.set_sensitive(true);
             let _ = headers.insert(AUTHORIZATION, value);
         }
-        // The URI without its user info (sent as the header above, never in the request line).
-        let mut bare = url.clone();
-        let _ = bare.set_username("");
-        let _ = bare.set_password(None);
-        let uri: Uri = bare
-            .as_str()
-            .parse()
+        // The URI without its user info (sent as the header above, never in the request line)
+        // and with its port always written: a CONNECT tunnel takes the port from it (443
+        // when absent, whatever the scheme). Only the path and query go in the request line.
+        let port = url
+            .port_or_known_default()
+            .ok_or_else(|| "dispatcher URL has no port".to_owned())?;
+        let uri: Uri = Uri::builder()
+            .scheme(url.scheme())
+            .authority(format!("{}:{port}", url.host_str().unwrap_or_default()))
+            .path_and_query(&url[url::Position::BeforePath..url::Position::AfterQuery])
+            .build()
             .map_err(|e| format!("dispatcher URL: {e}"))?;
         // Host, written once here (hyper's client would format it per request); the default
         // port of the scheme is left out, as clients do. A configured Host header wins.
@@ -114,12 +136,23 @@ impl HttpDispatcher {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_millis(config.timeout_ms.min(10_000))));
+        let route = match proxy_for(config, env, &uri)? {
+            None => Route::Direct(http),
+            Some(proxy) => {
+                let tunnel = Tunnel::new(proxy.uri().clone(), http);
+                Route::Tunnel(match proxy.basic_auth() {
+                    Some(auth) => tunnel.with_auth(auth.clone()),
+                    None => tunnel,
+                })
+            }
+        };
+        let tls_config = crate::tls::client_config("dispatcher", config.tls_files())
+            .map_err(|e| e.to_string())?;
         let tls = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_platform_verifier(rustls::crypto::aws_lc_rs::default_provider())
-            .map_err(|e| format!("TLS for the dispatcher: {e}"))?
+            .with_tls_config(tls_config)
             .https_or_http()
             .enable_http1()
-            .wrap_connector(http);
+            .wrap_connector(route);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
@@ -262,18 +295,27 @@ impl HttpDispatcher {
                 };
                 (classify(status, &body, retry_after), success)
             }
-            Ok(Err(e)) => (
-                DispatchOutcome::Retryable {
-                    status: None,
-                    reason: if e.is_connect() {
-                        "cannot connect to the dispatcher".to_owned()
-                    } else {
-                        crate::config::redacted_error_chain(&e)
+            Ok(Err(e)) => match tls_refusal(&e) {
+                // No retry mends a certificate: a configuration error, as a 401 is.
+                Some(reason) => (
+                    DispatchOutcome::Unauthorized { status: 0, reason },
+                    Bytes::new(),
+                ),
+                None => (
+                    DispatchOutcome::Retryable {
+                        status: None,
+                        reason: match std::error::Error::source(&e) {
+                            Some(cause) if e.is_connect() => format!(
+                                "cannot connect to the dispatcher: {}",
+                                crate::config::redacted_error_chain(cause)
+                            ),
+                            _ => crate::config::redacted_error_chain(&e),
+                        },
+                        retry_after: None,
                     },
-                    retry_after: None,
-                },
-                Bytes::new(),
-            ),
+                    Bytes::new(),
+                ),
+            },
             Err(_) => (
                 DispatchOutcome::Retryable {
                     status: None,
@@ -286,12 +328,124 @@ impl HttpDispatcher {
     }
 }
 
+/// How a trigger's connections reach the dispatcher, decided when the client is built.
+#[derive(Clone, Debug)]
+enum Route {
+    /// A TCP connection to the dispatcher.
+    Direct(HttpConnector),
+    /// A TCP connection to an HTTP proxy and a CONNECT tunnel through it to the dispatcher.
+    Tunnel(Tunnel<HttpConnector>),
+}
+
+type Connecting =
+    Pin<Box<dyn Future<Output = Result<TokioIo<tokio::net::TcpStream>, BoxError>> + Send>>;
+
+impl tower_service::Service<Uri> for Route {
+    type Response = TokioIo<tokio::net::TcpStream>;
+    type Error = BoxError;
+    type Future = Connecting;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        match self {
+            Self::Direct(c) => c.poll_ready(cx).map_err(Into::into),
+            Self::Tunnel(t) => t.poll_ready(cx).map_err(Into::into),
+        }
+    }
+
+    /// Runs once per new connection (the pool reuses it), not per request.
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        match self {
+            Self::Direct(c) => {
+                let connecting = c.call(dst);
+                Box::pin(async move { connecting.await.map_err(Into::into) })
+            }
+            Self::Tunnel(t) => {
+                let connecting = t.call(dst);
+                Box::pin(async move { connecting.await.map_err(Into::into) })
+            }
+        }
+    }
+}
+
+/// The proxy `target` is reached through: `dispatcher.proxy` when set (always), else the
+/// environment's (`env`: curl's rules, `NO_PROXY` included), else none.
+fn proxy_for(
+    config: &DispatcherConfig,
+    env: &Matcher,
+    target: &Uri,
+) -> Result<Option<Intercept>, String> {
+    let proxy = match &config.proxy {
+        Some(p) => Matcher::builder()
+            .all(p.expose().as_str().to_owned())
+            .build()
+            .intercept(target),
+        None => env.intercept(target),
+    };
+    match proxy {
+        Some(p) if p.uri().scheme_str() != Some("http") => Err(format!(
+            "the dispatcher's proxy {} is not an http:// proxy (the only kind supported)",
+            crate::config::redact_text(&p.uri().to_string())
+        )),
+        other => Ok(other),
+    }
+}
+
+/// Why TLS with the dispatcher cannot succeed however often it is tried, when an error's
+/// chain says so: the dispatcher's certificate is not trusted, or the dispatcher refused
+/// ours (or presented none we could use).
+fn tls_refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use rustls::AlertDescription as A;
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        // rustls' errors reach hyper inside an io::Error (inside another, from a handshake),
+        // whose source() skips the error it holds: that one is stepped into instead.
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            cur = match io.get_ref() {
+                Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+                None => err.source(),
+            };
+            continue;
+        }
+        match err.downcast_ref::<rustls::Error>() {
+            Some(rustls::Error::InvalidCertificate(why)) => {
+                return Some(format!(
+                    "the dispatcher's TLS certificate is not trusted ({why}); check \
+                     dispatcher.ca_location and the url's host name"
+                ))
+            }
+            Some(rustls::Error::AlertReceived(
+                alert @ (A::CertificateRequired
+                | A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied
+                | A::HandshakeFailure),
+            )) => {
+                return Some(format!(
+                    "the dispatcher refused the TLS handshake ({alert:?}); check \
+                     dispatcher.certificate_location and key_location"
+                ))
+            }
+            Some(_) => return None,
+            None => cur = err.source(),
+        }
+    }
+    None
+}
+
 /// A URL's user name or password as written (percent-decoded).
 fn percent_decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s)
         .decode_utf8_lossy()
         .into_owned()
 }
+
+#[cfg(test)]
+#[path = "http_transport_tests.rs"]
+mod transport_tests;
 
 #[cfg(test)]
 mod tests {

@@ -43,9 +43,10 @@ pub enum DispatchOutcome {
         reason: String,
     },
     /// 401 or 403: the trigger's dispatcher credentials are wrong; or a redirect (3xx): its
-    /// URL is. Either way a configuration error that stops the trigger.
+    /// URL is; or TLS refused (the dispatcher's certificate is not trusted, or it refused our
+    /// client certificate). Either way a configuration error that stops the trigger.
     Unauthorized {
-        /// HTTP status.
+        /// HTTP status; 0 for a TLS refusal (there was no HTTP answer).
         status: u16,
         /// The start of the answer body.
         reason: String,

@@ -11,7 +11,7 @@
 //! | WRITE on topic T | only where the connection produces: a produce request with `acks=2`, which the broker refuses after authorization (`INVALID_REQUIRED_ACKS`) and before writing anything | `missing WRITE on topic T` |
 //! | idempotent producer id | only where the connection produces: an idempotent producer obtains a producer id | `missing IDEMPOTENT_WRITE on cluster …` |
 //! | schema registry | `GET /subjects` with the configured credentials | the registry's answer |
-//! | dispatcher | `GET` on the trigger's URL with its token (any answer but 401/403 passes) | the dispatcher's answer |
+//! | dispatcher | `GET` on the trigger's URL with its token, CA, client certificate and proxy (any answer but 401/403 passes) | the dispatcher's answer |
 //!
 //! Kafka treats READ, WRITE, DELETE and ALTER on a topic as implying DESCRIBE, so a principal
 //! with READ passes the DESCRIBE line whether or not DESCRIBE was granted separately.
@@ -629,10 +629,7 @@ async fn registry_check(r: &mut Report<'_>, conn: &ConnectionConfig) {
 async fn dispatcher_checks(r: &mut Report<'_>, conn: &ConnectionConfig) {
     for (tname, t) in &conn.triggers {
         let check = format!("dispatcher of trigger {tname}");
-        let client = match reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()
-        {
+        let client = match dispatcher_probe_client(&t.dispatcher) {
             Ok(c) => c,
             Err(e) => {
                 r.fail(&check, format!("cannot build an HTTP client: {e}"));
@@ -668,6 +665,23 @@ async fn dispatcher_checks(r: &mut Report<'_>, conn: &ConnectionConfig) {
     }
 }
 
+/// A client that reaches the dispatcher as the trigger does: its CA and client certificate,
+/// its proxy (else the environment's, as reqwest reads it).
+fn dispatcher_probe_client(d: &crate::config::DispatcherConfig) -> Result<reqwest::Client, String> {
+    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(5));
+    if d.tls_files().any() {
+        let tls =
+            crate::tls::client_config("dispatcher", d.tls_files()).map_err(|e| e.to_string())?;
+        builder = builder.tls_backend_preconfigured(tls);
+    }
+    if let Some(proxy) = &d.proxy {
+        let proxy = reqwest::Proxy::all(proxy.expose().as_str())
+            .map_err(|e| format!("proxy {proxy}: {}", e.without_url()))?;
+        builder = builder.proxy(proxy);
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
 /// The report as a table: one line per check.
 pub fn render_table(lines: &[CheckLine]) -> String {
     let cw = lines
@@ -701,6 +715,37 @@ pub fn render_table(lines: &[CheckLine]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_dispatcher_probe_uses_the_triggers_ca_client_certificate_and_proxy() {
+        use crate::tls::testing::{connect_proxy, mtls_server, Pki};
+        let pki = Pki::new("check test CA", true);
+        let (port, seen) = mtls_server(&pki).await;
+        let (proxy_port, tunnels) = connect_proxy().await;
+        let config: crate::config::DispatcherConfig = toml::from_str(&format!(
+            "url = \"https://127.0.0.1:{port}/runs\"\nca_location = {:?}\n\
+             certificate_location = {:?}\nkey_location = {:?}\n\
+             proxy = \"http://127.0.0.1:{proxy_port}\"",
+            pki.path("ca.pem"),
+            pki.path("client.pem"),
+            pki.path("client.key"),
+        ))
+        .unwrap();
+        let client = dispatcher_probe_client(&config).unwrap();
+        let answer = client
+            .get(config.url.expose().clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), 200);
+        assert_eq!(seen.lock().unwrap().requests, [(String::new(), 1)]);
+        let tunnels = tunnels.lock().unwrap();
+        assert_eq!(tunnels.len(), 1);
+        assert!(
+            tunnels[0].starts_with(&format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n")),
+            "{tunnels:?}"
+        );
+    }
 
     #[test]
     fn table_aligns_and_names_the_missing_permission() {

@@ -221,29 +221,82 @@ impl std::str::FromStr for ResetTo {
     }
 }
 
-/// Moves the group's committed offsets; refused while the group has active members.
+/// What `offsets reset` is asked to do.
+#[derive(Debug, Clone)]
+pub struct ResetRequest {
+    /// Where the offsets go.
+    pub to: ResetTo,
+    /// Only this topic (default: all of the connection's topics).
+    pub topic: Option<String>,
+    /// Only these partitions of `topic` (default: all); needs `topic`.
+    pub partitions: Vec<i32>,
+    /// Commit the planned offsets; without it nothing is written (a dry run).
+    pub execute: bool,
+}
+
+/// One partition of an `offsets reset` plan.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct PartitionReset {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// The group's committed offset before the reset (None: nothing committed).
+    pub current: Option<i64>,
+    /// The offset the group is moved to (clamped to the watermarks).
+    pub planned: i64,
+    /// Earliest offset still in the log.
+    pub low_watermark: i64,
+    /// The next offset to be written.
+    pub high_watermark: i64,
+}
+
+/// The plan of `offsets reset` and whether it was committed.
+#[derive(Debug, Serialize)]
+pub struct ResetReport {
+    /// The connection.
+    pub connection: String,
+    /// Its consumer group.
+    pub group: String,
+    /// Whether the planned offsets were committed (`--execute`); false for a dry run.
+    pub executed: bool,
+    /// Members the group description shows (a KIP-848 group shows none while it has some; a
+    /// commit from outside is refused then).
+    pub active_members: usize,
+    /// One line per partition, in topic and partition order.
+    pub partitions: Vec<PartitionReset>,
+}
+
+/// Plans moving the group's committed offsets and, with `execute`, commits them; the commit
+/// is refused while the group has active members. A dry run writes nothing.
 pub fn offsets_reset(
     config: &Config,
     name: Option<&str>,
-    to: &ResetTo,
-    topic: Option<&str>,
-) -> anyhow::Result<Vec<(String, i32, i64)>> {
+    request: &ResetRequest,
+) -> anyhow::Result<ResetReport> {
     let (cname, conn) = consuming_connection(config, name)?;
     let group = conn.group_id();
+    if !request.partitions.is_empty() && request.topic.is_none() {
+        bail!("--partition needs --topic: partitions are numbered per topic");
+    }
     let consumer = admin_consumer(conn)?;
     let groups = consumer
         .fetch_group_list(Some(group), TIMEOUT)
         .context("cannot describe the consumer group")?;
-    if let Some(g) = groups.groups().iter().find(|g| g.name() == group) {
-        if !g.members().is_empty() || !matches!(g.state(), "Empty" | "Dead" | "") {
-            bail!(
-                "consumer group {group} of connection {cname} has {} active member(s) (state {}); stop every tessel-kafka of this connection first",
-                g.members().len(),
-                g.state()
-            );
+    let described = groups.groups().iter().find(|g| g.name() == group);
+    let active_members = described.map_or(0, |g| g.members().len());
+    if request.execute {
+        if let Some(g) = described {
+            if !g.members().is_empty() || !matches!(g.state(), "Empty" | "Dead" | "") {
+                bail!(
+                    "consumer group {group} of connection {cname} has {} active member(s) (state {}); stop every tessel-kafka of this connection first",
+                    g.members().len(),
+                    g.state()
+                );
+            }
         }
     }
-    let topics: BTreeSet<&str> = match topic {
+    let topics: BTreeSet<&str> = match request.topic.as_deref() {
         Some(t) => {
             if conn.trigger_for(t).is_none() {
                 bail!("topic {t} is not consumed by connection {cname}");
@@ -252,41 +305,79 @@ pub fn offsets_reset(
         }
         None => conn.topics(),
     };
-    let parts = partitions_of(&consumer, &topics)?;
-    let mut tpl = TopicPartitionList::new();
-    let mut result = Vec::new();
+    let mut parts = partitions_of(&consumer, &topics)?;
+    if !request.partitions.is_empty() {
+        let topic = request.topic.as_deref().unwrap_or_default();
+        for p in &request.partitions {
+            if !parts.iter().any(|(_, q)| q == p) {
+                bail!(
+                    "topic {topic} has no partition {p} (it has {} partitions, from 0)",
+                    parts.len()
+                );
+            }
+        }
+        parts.retain(|(_, p)| request.partitions.contains(p));
+    }
+    let mut current = TopicPartitionList::new();
     for (t, p) in &parts {
-        let (low, high) = consumer.fetch_watermarks(t, *p, TIMEOUT)?;
-        let offset = match to {
+        current.add_partition(t, *p);
+    }
+    let current = consumer
+        .committed_offsets(current, TIMEOUT)
+        .context("cannot read committed offsets")?;
+    let mut tpl = TopicPartitionList::new();
+    let mut plan = Vec::new();
+    for (t, p) in parts {
+        let (low, high) = consumer.fetch_watermarks(&t, p, TIMEOUT)?;
+        let planned = match request.to {
             ResetTo::Earliest => low,
             ResetTo::Latest => high,
-            ResetTo::Offset(o) => (*o).clamp(low, high),
+            ResetTo::Offset(o) => o.clamp(low, high),
             ResetTo::Timestamp(ms) => {
                 let mut q = TopicPartitionList::new();
-                q.add_partition_offset(t, *p, Offset::Offset(*ms))?;
+                q.add_partition_offset(&t, p, Offset::Offset(ms))?;
                 let found = consumer.offsets_for_times(q, TIMEOUT)?;
-                match found.find_partition(t, *p).map(|e| e.offset()) {
+                match found.find_partition(&t, p).map(|e| e.offset()) {
                     Some(Offset::Offset(o)) => o,
                     _ => high,
                 }
             }
         };
-        tpl.add_partition_offset(t, *p, Offset::Offset(offset))?;
-        result.push((t.clone(), *p, offset));
+        tpl.add_partition_offset(&t, p, Offset::Offset(planned))?;
+        let committed = match current.find_partition(&t, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        };
+        plan.push(PartitionReset {
+            topic: t,
+            partition: p,
+            current: committed,
+            planned,
+            low_watermark: low,
+            high_watermark: high,
+        });
     }
-    if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
-        // A group on the KIP-848 protocol does not show its members to the classic group
-        // description above; the broker refuses a commit from outside while it has any.
-        if e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::UnknownMemberId) {
-            bail!(
-                "consumer group {group} of connection {cname} has active member(s) (the broker refused a commit from outside the group: {e}); stop every tessel-kafka of this connection first"
-            );
+    if request.execute && !plan.is_empty() {
+        if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+            // A group on the KIP-848 protocol does not show its members to the classic group
+            // description above; the broker refuses a commit from outside while it has any.
+            if e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::UnknownMemberId) {
+                bail!(
+                    "consumer group {group} of connection {cname} has active member(s) (the broker refused a commit from outside the group: {e}); stop every tessel-kafka of this connection first"
+                );
+            }
+            return Err(anyhow::Error::new(e).context(format!(
+                "the broker refused the new offsets of group {group} (is a consumer active?)"
+            )));
         }
-        return Err(anyhow::Error::new(e).context(format!(
-            "the broker refused the new offsets of group {group} (is a consumer active?)"
-        )));
     }
-    Ok(result)
+    Ok(ResetReport {
+        connection: cname.to_owned(),
+        group: group.to_owned(),
+        executed: request.execute,
+        active_members,
+        partitions: plan,
+    })
 }
 
 /// The result of replaying one dead-letter record.

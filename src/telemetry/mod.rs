@@ -5,6 +5,7 @@ pub mod metrics;
 pub mod trace;
 
 use std::collections::HashMap;
+use std::io::IsTerminal as _;
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -79,6 +80,7 @@ pub fn init_tracing(config: &LogConfig, otlp: Option<&OtlpConfig>) -> Telemetry 
             .with_filter(filter)
             .boxed(),
         LogFormat::Text => fmt::layer()
+            .with_ansi(text_colour(std::io::stderr().is_terminal()))
             .with_writer(std::io::stderr)
             .with_filter(filter)
             .boxed(),
@@ -107,6 +109,13 @@ pub fn init_tracing(config: &LogConfig, otlp: Option<&OtlpConfig>) -> Telemetry 
         tracing::info!(endpoint = %o.traces_url(), protocol = ?o.protocol, "exporting traces over OTLP");
     }
     Telemetry { provider }
+}
+
+/// Whether text log lines carry ANSI colour: only on a terminal (in a file, a pipe or a
+/// container's log every escape sequence would be noise), and never with `NO_COLOR` set to a
+/// non-empty value (the no-color convention, which tracing-subscriber honours by default).
+fn text_colour(terminal: bool) -> bool {
+    terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn build_provider(o: &OtlpConfig) -> Result<SdkTracerProvider, String> {

@@ -105,6 +105,40 @@ fn config_check_prints_effective_config_without_secrets() {
     );
 }
 
+#[test]
+fn config_check_json_is_the_effective_config_without_secrets() {
+    let text = GOOD
+        .replace(
+            "\"group.id\" = \"g\"",
+            "\"group.id\" = \"g\"\n\"sasl.password\" = \"pw-9f3a1\"",
+        )
+        .replace(
+            "dispatcher = { url = \"http://127.0.0.1:1/runs\" }",
+            "dispatcher = { url = \"http://u:pr0xy-pw@127.0.0.1:1/runs\", token = \"tok-77c2\" }",
+        );
+    let path = temp_config(&text);
+    let out = Command::new(binary())
+        .args(["config", "check", "--json", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let value: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let trigger = &value["config"]["connections"]["orders"]["triggers"]["t"];
+    assert_eq!(trigger["concurrency"], 16);
+    assert_eq!(trigger["dispatcher"]["token"], "***redacted***");
+    assert_eq!(trigger["dispatcher"]["url"], "http://***@127.0.0.1:1/runs");
+    assert_eq!(
+        value["config"]["connections"]["orders"]["kafka"]["sasl.password"],
+        "***redacted***"
+    );
+    assert_eq!(value["notices"], serde_json::json!([]));
+    for secret in ["pw-9f3a1", "tok-77c2", "pr0xy-pw"] {
+        assert!(!stdout.contains(secret), "{stdout}");
+    }
+}
+
 /// Every file in config/examples/ passes `config check` with dummy secrets from the
 /// environment, prints its translations as notes, and never prints a secret.
 #[test]
@@ -274,4 +308,54 @@ fn a_bad_filter_fails_config_check_with_the_trigger_and_the_position() {
             || stdout.contains(r#"'value.amount > 1000.0 && headers.source == "checkout"'"#),
         "{stdout}"
     );
+}
+
+#[test]
+fn text_logs_written_to_a_pipe_carry_no_colour_codes() {
+    // The daemon's text log goes to stderr; here that is a pipe, as in a container or a file.
+    let text = format!(
+        "[log]\nformat = \"text\"\n[server]\nlisten = \"127.0.0.1:{}\"\n{GOOD}",
+        crate::support::free_port()
+    );
+    let path = temp_config(&text);
+    let mut child = Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&path)
+        .env_remove("NO_COLOR")
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run binary");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = std::io::Read::read(&mut stderr, &mut chunk) {
+            if n == 0 || tx.send(chunk[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    // Read until the admin server's line is logged (a level, a message and fields: what the
+    // terminal format colours), with a deadline.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("admin server listening") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(bytes) => seen.extend(bytes),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = reader.join();
+    let log = String::from_utf8_lossy(&seen).into_owned();
+    let line = log
+        .lines()
+        .find(|l| l.contains("admin server listening"))
+        .unwrap_or_else(|| panic!("no admin server line logged: {log}"));
+    assert!(line.contains(" INFO "), "{line}");
+    assert!(line.contains("addr=127.0.0.1:"), "{line}");
+    assert!(!seen.contains(&0x1b), "escape bytes in the log: {log:?}");
 }

@@ -2,6 +2,7 @@
 
 mod batches;
 mod demo;
+mod dispatcher_tls;
 mod failures;
 mod handover;
 mod hostile;
@@ -18,6 +19,9 @@ mod region;
 mod restart;
 mod security;
 mod smoke;
+/// The crate's own test CA, mTLS server and CONNECT proxy (test code, shared by path).
+#[path = "../../../src/tls_testing.rs"]
+mod tls_testing;
 mod tools;
 mod transactions;
 mod triggers;

@@ -64,7 +64,11 @@ async fn offsets_show_reset_and_dead_letter_replay_work_and_reset_waits_for_an_i
         json!([{"topic": topic, "partition": 0, "committed": 5, "low_watermark": 0, "high_watermark": 5, "lag": 0}])
     );
 
-    let refused = cli(&["offsets", "reset", "--to", "earliest"], &config).await;
+    let refused = cli(
+        &["offsets", "reset", "--to", "earliest", "--execute"],
+        &config,
+    )
+    .await;
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(
         !refused.status.success(),
@@ -74,10 +78,22 @@ async fn offsets_show_reset_and_dead_letter_replay_work_and_reset_waits_for_an_i
     assert_eq!(committed(&group, &topic, 1), vec![5]);
 
     connector.stop().await;
-    let reset = wait_for_cli_success(&["offsets", "reset", "--to", "offset:2"], &config).await;
+    let reset = wait_for_cli_success(
+        &["offsets", "reset", "--to", "offset:2", "--execute"],
+        &config,
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&reset.stdout);
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
     assert_eq!(
-        String::from_utf8_lossy(&reset.stdout).trim(),
-        format!("{topic}\t0\t2")
+        rows,
+        [
+            vec!["topic", "partition", "current", "planned"],
+            vec![topic.as_str(), "0", "5", "2"]
+        ]
     );
     assert_eq!(committed(&group, &topic, 1), vec![2]);
 
@@ -89,6 +105,18 @@ async fn offsets_show_reset_and_dead_letter_replay_work_and_reset_waits_for_an_i
         String::from_utf8_lossy(&replay.stderr)
     );
     assert_eq!(stdout.trim(), format!("0\t{rejected}\taccepted"));
+    // The same replay, as JSON (the dispatcher accepts the key again: it is idempotent).
+    let replay = cli(&["dlq", "replay", "--trigger", "main", "--json"], &config).await;
+    assert!(
+        replay.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    let replayed: Value = serde_json::from_slice(&replay.stdout).unwrap();
+    assert_eq!(
+        replayed,
+        json!([{"dead_letter_offset": 0, "idempotency_key": rejected, "outcome": "accepted"}])
+    );
     let run = d
         .runs()
         .into_iter()
@@ -145,7 +173,11 @@ async fn offsets_reset_is_refused_while_a_kip_848_group_consumes() {
     })
     .await;
     let before = committed(&group, &topic, 2);
-    let refused = cli(&["offsets", "reset", "--to", "earliest"], &config).await;
+    let refused = cli(
+        &["offsets", "reset", "--to", "earliest", "--execute"],
+        &config,
+    )
+    .await;
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(
         !refused.status.success(),
@@ -156,6 +188,145 @@ async fn offsets_reset_is_refused_while_a_kip_848_group_consumes() {
     assert_eq!(committed(&group, &topic, 2), before, "nothing was reset");
 
     connector.stop().await;
-    let _ = wait_for_cli_success(&["offsets", "reset", "--to", "earliest"], &config).await;
+    let _ = wait_for_cli_success(
+        &["offsets", "reset", "--to", "earliest", "--execute"],
+        &config,
+    )
+    .await;
     assert_eq!(committed(&group, &topic, 2), vec![0, 0]);
+}
+
+/// Commits `offsets` (one per partition, from 0) for `group` on `topic`, from outside the
+/// group, as a consumer that stopped would have.
+fn commit_offsets(group: &str, topic: &str, offsets: &[i64]) {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &crate::support::stack().bootstrap)
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for (p, o) in offsets.iter().enumerate() {
+        tpl.add_partition_offset(topic, p as i32, rdkafka::Offset::Offset(*o))
+            .unwrap();
+    }
+    consumer.commit(&tpl, CommitMode::Sync).expect("commit");
+}
+
+#[tokio::test]
+async fn offsets_reset_dry_runs_by_default_and_executes_on_the_chosen_partition_only() {
+    let topic = unique("tools-reset");
+    create_topic(&topic, 3).await;
+    produce_keyed(&topic, 0, 30, 30).await;
+    let ends = high_watermarks(&topic, 3);
+    assert!(
+        ends.iter().all(|&e| e > 0),
+        "every partition has records: {ends:?}"
+    );
+    let group = unique("tools-reset-group");
+    commit_offsets(&group, &topic, &ends);
+    let d = dispatcher(Faults::default()).await;
+    let config = temp_config(&connection_toml(&group, &topic, &d.url(), ""));
+
+    // A dry run of every partition: the plan, and nothing written.
+    let dry = cli(&["offsets", "reset", "--to", "earliest"], &config).await;
+    let stdout = String::from_utf8_lossy(&dry.stdout);
+    let stderr = String::from_utf8_lossy(&dry.stderr);
+    assert!(dry.status.success(), "{stderr}");
+    let rows: Vec<Vec<String>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect();
+    let mut expected = vec![vec![
+        "topic".to_owned(),
+        "partition".to_owned(),
+        "current".to_owned(),
+        "planned".to_owned(),
+    ]];
+    for (p, end) in ends.iter().enumerate() {
+        expected.push(vec![
+            topic.clone(),
+            p.to_string(),
+            end.to_string(),
+            "0".to_owned(),
+        ]);
+    }
+    assert_eq!(rows, expected);
+    assert!(stderr.contains("dry run: nothing was written"), "{stderr}");
+    assert_eq!(committed(&group, &topic, 3), ends);
+
+    // The same for one partition, as JSON.
+    let args = [
+        "offsets",
+        "reset",
+        "--to",
+        "earliest",
+        "--topic",
+        &topic,
+        "--partition",
+        "1",
+        "--json",
+    ];
+    let dry = cli(&args, &config).await;
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    let plan: Value = serde_json::from_slice(&dry.stdout).unwrap();
+    let one = json!([{
+        "topic": topic, "partition": 1, "current": ends[1], "planned": 0,
+        "low_watermark": 0, "high_watermark": ends[1]
+    }]);
+    assert_eq!(
+        plan,
+        json!({"connection": "it", "group": group, "executed": false, "active_members": 0, "partitions": one})
+    );
+    assert_eq!(committed(&group, &topic, 3), ends);
+
+    // Executed: only partition 1 moves.
+    let executed = cli(&[&args[..], &["--execute"]].concat(), &config).await;
+    assert!(
+        executed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&executed.stderr)
+    );
+    let result: Value = serde_json::from_slice(&executed.stdout).unwrap();
+    assert_eq!(result["executed"], true);
+    assert_eq!(result["partitions"], one);
+    assert_eq!(committed(&group, &topic, 3), vec![ends[0], 0, ends[2]]);
+
+    // A partition the topic does not have, and --partition without --topic, are refused.
+    let missing = cli(
+        &[
+            "offsets",
+            "reset",
+            "--to",
+            "earliest",
+            "--topic",
+            &topic,
+            "--partition",
+            "7",
+            "--execute",
+        ],
+        &config,
+    )
+    .await;
+    assert!(!missing.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&missing.stderr).trim(),
+        format!("error: topic {topic} has no partition 7 (it has 3 partitions, from 0)")
+    );
+    let untopical = cli(
+        &["offsets", "reset", "--to", "earliest", "--partition", "1"],
+        &config,
+    )
+    .await;
+    assert!(!untopical.status.success());
+    assert!(
+        String::from_utf8_lossy(&untopical.stderr).contains("--topic"),
+        "{}",
+        String::from_utf8_lossy(&untopical.stderr)
+    );
+    assert_eq!(committed(&group, &topic, 3), vec![ends[0], 0, ends[2]]);
 }
