@@ -71,28 +71,12 @@ impl<T> PartitionQueue<T> {
 
     /// Removes and returns the first message allowed to start, marking its key in flight.
     pub fn pop_startable(&mut self) -> Option<(Key, T)> {
-        let popped = match self.ordering {
-            Ordering::Unordered => self.fifo.pop_front(),
-            Ordering::Partition if self.in_flight == 0 => self.fifo.pop_front(),
-            Ordering::Partition => None,
-            Ordering::Key => {
-                let key = self.ready.pop_front()?;
-                let k = self.keys.get_mut(&key)?;
-                let item = k.waiting.pop_front()?;
-                k.in_flight = true;
-                Some((key, item))
-            }
-        };
-        if popped.is_some() {
-            self.waiting -= 1;
-            self.in_flight += 1;
-        }
-        popped
+        self.pop_startable_if(|_| true)
     }
 
-    /// Removes and returns the waiting message `wanted` picks, if ordering lets it start now,
-    /// marking its key in flight. Used only while a partition's gap is full, to start the
-    /// record at the gap: with `key` ordering it looks through the ready keys, which is
+    /// Removes and returns the first waiting message `wanted` picks that ordering lets start
+    /// now, marking its key in flight. With a `wanted` that picks anything this is O(1); a
+    /// choosier one (the record at a full gap) may look through the ready keys, which is
     /// bounded by the keys waiting and happens only in that rare state.
     pub fn pop_startable_if(&mut self, wanted: impl Fn(&T) -> bool) -> Option<(Key, T)> {
         let popped = match self.ordering {

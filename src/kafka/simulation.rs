@@ -498,9 +498,15 @@ impl Sim {
         if parked && !drained {
             return;
         }
+        self.finish_run(m, i);
+    }
+
+    /// Member `m`'s run `i` ends: accepted by the dispatcher, or abandoned (its key parked
+    /// and its partition drained).
+    fn finish_run(&mut self, m: usize, i: usize) {
         let run = self.members[m].runs.swap_remove(i);
         let part = run.start.msg.partition();
-        let handled = !parked;
+        let handled = !self.parked.contains(&run.key);
         if handled {
             self.accept(part, run.offset);
         }
@@ -605,24 +611,8 @@ impl Sim {
         let mut i = 0;
         while i < self.members[from].runs.len() {
             if self.members[from].runs[i].start.msg.partition() == part {
-                self.members[from].runs[i].done_at = 0;
                 self.step += 1;
-                let parked = self.parked.contains(&self.members[from].runs[i].key);
-                let run = self.members[from].runs.swap_remove(i);
-                if !parked {
-                    self.accept(part, run.offset);
-                }
-                let Start {
-                    id,
-                    generation,
-                    key,
-                    permit,
-                    ..
-                } = run.start;
-                drop(permit);
-                let _ = self.members[from]
-                    .set
-                    .on_completion(id, generation, &key, run.offset, !parked);
+                self.finish_run(from, i);
             } else {
                 i += 1;
             }
