@@ -180,6 +180,11 @@ impl OffsetTracker {
         Some((offset, metadata))
     }
 
+    /// The offset last handed out to be committed (or the group's when assigned).
+    pub fn stored_offset(&self) -> Option<i64> {
+        self.stored.as_ref().map(|(o, _)| *o)
+    }
+
     /// The commit offset and its metadata now.
     pub fn commit(&mut self) -> Option<(i64, String)> {
         let offset = self.commit_offset()?;

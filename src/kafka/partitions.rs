@@ -88,7 +88,8 @@ pub struct Partition<T> {
     pub drain: CancellationToken,
     /// Abandons even attempts in progress (lost assignment, drain deadline).
     pub cancel: CancellationToken,
-    /// When the commit offset last moved (or the partition last had no backlog).
+    /// When the commit offset last moved (or the partition last had no backlog); offsets
+    /// handled above a held record do not count.
     pub last_progress: Instant,
     /// Why the partition is reported stalled, while it is.
     pub stalled: Option<String>,
@@ -630,8 +631,13 @@ impl<T: Clone> PartitionSet<T> {
                 continue;
             };
             p.commit_changed = false;
+            let before = p.tracker.stored_offset();
             if let Some((offset, metadata)) = p.tracker.take_new_commit() {
-                p.last_progress = now;
+                // Progress is the commit offset moving. Metadata alone changes while later
+                // keys run past a record held at the gap: that record is still stuck.
+                if before.is_none_or(|b| offset > b) {
+                    p.last_progress = now;
+                }
                 commit(&p.tp, offset, metadata);
             }
         }
@@ -1181,6 +1187,42 @@ mod tests {
         s.on_position(&tp(0), None);
         s.on_position(&tp(0), Some(13));
         assert_eq!(commits(&mut s), vec![(0, 13, String::new())]);
+    }
+
+    #[test]
+    fn only_the_commit_offset_moving_is_progress() {
+        let mut s = set(100, 1 << 20);
+        s.assign(
+            assigned(0, Some(0), ""),
+            trigger(8, Ordering::Key),
+            Instant::now(),
+        );
+        for (o, k) in [(0, "held"), (1, "a"), (2, "b")] {
+            let _ = s.on_message(msg(0, o, k));
+        }
+        let mut starts = process(&mut s).starts.into_iter();
+        let held = starts.next().unwrap();
+        let assigned_at = s.by_tp(&tp(0)).unwrap().last_progress;
+        // Later keys are handled: the commit's metadata changes, its offset stays at 0.
+        let later = Instant::now() + std::time::Duration::from_secs(5);
+        for st in starts {
+            finish(&mut s, st, true);
+        }
+        let mut taken = Vec::new();
+        s.take_commits(later, |_, o, m| taken.push((o, m)));
+        assert_eq!(taken, vec![(0, "tk1:0:1-2".to_owned())]);
+        assert_eq!(
+            s.by_tp(&tp(0)).unwrap().last_progress,
+            assigned_at,
+            "no progress"
+        );
+        finish(&mut s, held, true);
+        s.take_commits(later, |_, _, _| {});
+        assert_eq!(
+            s.by_tp(&tp(0)).unwrap().last_progress,
+            later,
+            "the offset moved"
+        );
     }
 
     #[test]
