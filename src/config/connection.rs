@@ -18,8 +18,9 @@ pub struct ConnectionConfig {
     /// librdkafka client properties under their Kafka names, as the product page shows them:
     /// `bootstrap.servers`, `security.protocol`, `sasl.mechanism`, `sasl.username`,
     /// `sasl.password`, `group.id`, `auto.offset.reset`, `ssl.ca.location`, ...
-    /// `bootstrap.servers` is required, and `group.id` when the connection has triggers. The connector sets
-    /// `enable.auto.offset.store=false` and `isolation.level=read_committed` itself.
+    /// `bootstrap.servers` is required, and `group.id` when the connection has triggers. The
+    /// connector sets `enable.auto.offset.store=false`, `enable.auto.commit=true` and
+    /// `isolation.level=read_committed` itself (docs/configuration.md lists what it sets).
     /// Schema Registry client properties pasted with them from a console's snippet
     /// (`schema.registry.url`, `basic.auth.credentials.source`, `basic.auth.user.info`,
     /// `bearer.auth.token`, `schema.registry.ssl.*`) are moved to `schema_registry` at load.

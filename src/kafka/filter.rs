@@ -5,7 +5,7 @@
 //! compiling), so a syntax error or a variable the filter cannot see is a configuration error
 //! at the filter's key, with the line and column, for `run` and `config check` alike.
 //!
-//! What the expression sees (see README, "Filters"):
+//! What the expression sees (see docs/configuration.md, "Filters"):
 //! - `key`, `value`: the decoded key and value, as the event carries them (docs/event.md):
 //!   JSON integers are CEL `int` (`uint` above `i64`), other numbers `double`, objects maps;
 //! - `headers`: a map from header name to value (`string`; `bytes` for a value that is not
@@ -51,11 +51,11 @@ pub const VARIABLES: [&str; 7] = [
     "timestamp",
 ];
 
-/// The longest expression a filter may be, in bytes (README, "Filters"): room for a long
+/// The longest expression a filter may be, in bytes (docs/configuration.md, "Filters"): room for a long
 /// list of ids, and a bound on the work of compiling it.
 pub const MAX_LEN: usize = 16 * 1024;
 
-/// How deeply a filter may nest (README, "Filters"; what counts: [`check_nesting`]). The CEL
+/// How deeply a filter may nest (docs/configuration.md, "Filters"; what counts: [`check_nesting`]). The CEL
 /// parser, the walk of the compiled expression and its evaluation recurse once per level, so an
 /// expression nested far deeper (100 000 `(`, or `value.a.a.a…`) would overflow the stack and
 /// abort the process: [`check_nesting`] refuses it before the parser sees it. Real filters nest
@@ -1157,7 +1157,7 @@ mod tests {
         ] {
             assert!(Filter::compile(&expr).is_ok(), "{expr}");
         }
-        // The README's example.
+        // The example of docs/configuration.md.
         assert_eq!(check_nesting("value.items.exists(i, i.qty > 10)"), Ok(5));
         assert_eq!(check_nesting("(a + b.c) * 2 > 1 && !(x || y)"), Ok(5));
         // A number's decimal point is not a selection.
