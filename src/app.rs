@@ -328,11 +328,20 @@ impl Fleet {
             };
             let token = self.shutdown.child_token();
             let predecessor = old.remove(name);
+            // A connection with nothing to wait for gets its clients now, so that its produce
+            // API is there as soon as the daemon answers (a restarted one waits for its old
+            // self, which takes its publisher away when it stops).
+            let prepared = if predecessor.is_none() {
+                prepare(spec, &self.produce).ok()
+            } else {
+                None
+            };
             let run = run_connection(
                 spec.clone(),
                 self.health.clone(),
                 Arc::clone(&self.produce),
                 token.clone(),
+                prepared,
             );
             let handle = tokio::spawn(async move {
                 if let Some(p) = predecessor {
@@ -374,12 +383,13 @@ async fn run_connection(
     health: HealthRegistry,
     produce: Arc<ProduceApi>,
     token: CancellationToken,
+    mut prepared: Option<SharedClients>,
 ) {
     let name = spec.name.as_str();
     let mut delay = RESTART_INITIAL;
     loop {
         let started = Instant::now();
-        let result = start_and_run(&spec, &health, &produce, &token).await;
+        let result = start_and_run(&spec, prepared.take(), &health, &produce, &token).await;
         produce.set_publisher(name, None);
         let Err(e) = result else {
             metrics::connection_up(name, false);
@@ -408,15 +418,35 @@ async fn run_connection(
     }
 }
 
-/// Creates the connection's clients and runs it until `token` fires (Ok) or it fails.
+/// Creates the clients `spec` shares with the produce API, and puts its publisher in the API.
+fn prepare(spec: &ConnectionSpec, produce: &ProduceApi) -> Result<SharedClients, SupervisorError> {
+    let shared = SharedClients::try_new(&spec.name, &spec.config, spec.produces)?;
+    if let (true, Some(producer)) = (spec.produces, &shared.producer) {
+        let publisher = Publisher::new(
+            &spec.name,
+            &spec.config,
+            producer.clone(),
+            shared.registry.clone(),
+        );
+        produce.set_publisher(&spec.name, Some(Arc::new(publisher)));
+    }
+    Ok(shared)
+}
+
+/// Creates the connection's clients (unless `prepared` holds them) and runs it until
+/// `token` fires (Ok) or it fails.
 async fn start_and_run(
     spec: &ConnectionSpec,
+    prepared: Option<SharedClients>,
     health: &HealthRegistry,
     produce: &ProduceApi,
     token: &CancellationToken,
 ) -> Result<(), SupervisorError> {
     let name = spec.name.as_str();
-    let shared = SharedClients::try_new(name, &spec.config, spec.produces)?;
+    let shared = match prepared {
+        Some(shared) => shared,
+        None => prepare(spec, produce)?,
+    };
     let supervisor = if spec.config.consumes() {
         Some(ConnectionSupervisor::try_new(
             name,
@@ -428,15 +458,6 @@ async fn start_and_run(
         None
     };
     health.set(name, ConnectionHealth::default());
-    if let (true, Some(producer)) = (spec.produces, &shared.producer) {
-        let publisher = Publisher::new(
-            name,
-            &spec.config,
-            producer.clone(),
-            shared.registry.clone(),
-        );
-        produce.set_publisher(name, Some(Arc::new(publisher)));
-    }
     metrics::connection_up(name, true);
     match (supervisor, &shared.producer) {
         (Some(s), _) => s.run(token.clone()).await,

@@ -91,13 +91,17 @@ dispatcher = {{ url = "http://127.0.0.1:{unused}/runs" }}
     );
     let config = Config::from_toml_with_env(&toml, Vec::new()).expect("valid config");
     assert!(!format!("{config:?}").contains("oidc-s3cret"));
-    // Building the daemon creates its consumer, whose OIDC flow fetches a token at once.
+    // Starting the daemon creates the connection's consumer, whose OIDC flow fetches a
+    // token at once.
     let app = App::build(config).expect("app builds");
+    let token = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(app.run(token.clone(), false));
     let request = wait_for("a token request", Duration::from_secs(30), || {
         seen.lock().unwrap().first().cloned()
     })
     .await;
-    drop(app);
+    token.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), running).await;
     let expected = base64::engine::general_purpose::STANDARD.encode("tessel-client:oidc-s3cret");
     assert_eq!(request.authorization, format!("Basic {expected}"));
     assert!(

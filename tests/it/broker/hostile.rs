@@ -400,7 +400,16 @@ async fn with_on_error_block_hostile_records_park_their_key_and_the_rest_flows()
         (d.accepted() >= accepted_before + 2).then_some(())
     })
     .await;
-    let committed_now = committed(&group, &topic, 2);
+    // Commits follow acceptance asynchronously: wait for partition 1's end.
+    let committed_now = wait_for(
+        "partition 1 committed to its end",
+        Duration::from_secs(30),
+        || {
+            let c = committed(&group, &topic, 2);
+            (c[1] == 21).then_some(c)
+        },
+    )
+    .await;
     assert!(
         daemon.try_wait().unwrap().is_none(),
         "the daemon is still running"
