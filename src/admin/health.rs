@@ -162,12 +162,20 @@ impl HealthRegistry {
 
     /// Connections whose event loop has made no turn for more than `bound` at `now`.
     pub fn wedged(&self, now: Instant, bound: Duration) -> BTreeMap<String, Duration> {
-        let beats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
         wedged_loops(
-            beats.iter().map(|(n, h)| (n.as_str(), h.last_turn())),
+            self.last_turns().iter().map(|(n, t)| (n.as_str(), *t)),
             now,
             bound,
         )
+    }
+
+    /// When each connection's event loop last turned (None while no loop runs).
+    pub fn last_turns(&self) -> BTreeMap<String, Option<Instant>> {
+        let beats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+        beats
+            .iter()
+            .map(|(n, h)| (n.clone(), h.last_turn()))
+            .collect()
     }
 }
 

@@ -85,9 +85,15 @@ async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
 
 /// 200 while every connection's event loop turns, else 503 naming the wedged ones.
 async fn live_handler(State(state): State<AdminState>) -> impl IntoResponse {
-    let wedged = state
-        .health
-        .wedged(std::time::Instant::now(), health::LIVENESS_BOUND);
+    liveness(&state.health, std::time::Instant::now())
+}
+
+/// `/livez`'s answer at `now`.
+fn liveness(
+    health: &HealthRegistry,
+    now: std::time::Instant,
+) -> (StatusCode, Json<serde_json::Value>) {
+    let wedged = health.wedged(now, health::LIVENESS_BOUND);
     if wedged.is_empty() {
         return (StatusCode::OK, Json(serde_json::json!({"status": "ok"})));
     }
@@ -113,7 +119,8 @@ async fn ready_handler() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ready"}))
 }
 
-/// 200 when every connection is healthy, else 503; the body says why per connection.
+/// 200 when every connection is healthy, else 503; the body says why per connection, and
+/// how long ago its event loop last turned (`event_loop_silent_ms`, while it runs).
 async fn health_handler(State(state): State<AdminState>) -> impl IntoResponse {
     let connections = state.health.snapshot();
     let healthy = connections.values().all(|c| c.is_healthy());
@@ -122,9 +129,17 @@ async fn health_handler(State(state): State<AdminState>) -> impl IntoResponse {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    let mut detail = serde_json::to_value(&connections).unwrap_or_default();
+    let now = std::time::Instant::now();
+    for (name, last) in state.health.last_turns() {
+        if let (Some(c), Some(last)) = (detail.get_mut(&name), last) {
+            let silent = now.saturating_duration_since(last).as_millis() as u64;
+            c["event_loop_silent_ms"] = silent.into();
+        }
+    }
     let body = serde_json::json!({
         "status": if healthy { "healthy" } else { "degraded" },
-        "connections": connections,
+        "connections": detail,
     });
     (status, Json(body))
 }
@@ -133,6 +148,38 @@ async fn health_handler(State(state): State<AdminState>) -> impl IntoResponse {
 mod tests {
     use super::*;
     use crate::admin::health::ConnectionHealth;
+
+    /// Blocked event loops: `/livez` answers 200 within the bound after their last turn,
+    /// then 503 naming each connection and how long it has been silent; a stopped loop (its
+    /// heartbeat retired) is not judged. Which loops count as wedged is tested in `health`.
+    #[test]
+    fn livez_fails_once_a_loop_is_silent_past_the_bound() {
+        let health = HealthRegistry::default();
+        let orders = health.heartbeat("orders");
+        let payments = health.heartbeat("payments");
+        let before = std::time::Instant::now();
+        orders.beat();
+        payments.beat();
+        let after = std::time::Instant::now();
+        let bound = health::LIVENESS_BOUND;
+        let second = std::time::Duration::from_secs(1);
+        let (status, Json(body)) = liveness(&health, before + bound - second);
+        assert_eq!(
+            (status, body),
+            (StatusCode::OK, serde_json::json!({"status": "ok"}))
+        );
+        let (status, Json(body)) = liveness(&health, after + bound + 2 * second);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body["status"], "wedged");
+        for name in ["orders", "payments"] {
+            let silent = body["event_loop_silent_ms"][name].as_u64().unwrap();
+            assert!((32_000..33_000).contains(&silent), "{body}");
+        }
+        orders.retire();
+        payments.retire();
+        let (status, _) = liveness(&health, after + bound * 10);
+        assert_eq!(status, StatusCode::OK);
+    }
 
     /// The probes of a daemon whose only connection reports a stall, its registry down and a
     /// stopped trigger, while its event loop turns: alive and ready, and `/health` says why
@@ -181,6 +228,13 @@ mod tests {
         assert_eq!(status, 503);
         assert_eq!(body["status"], "degraded");
         let orders = &body["connections"]["orders"];
+        // Beaten just before the server started.
+        assert!(
+            orders["event_loop_silent_ms"]
+                .as_u64()
+                .is_some_and(|ms| ms < 10_000),
+            "{body}"
+        );
         assert_eq!(orders["registry_reachable"], false);
         assert_eq!(orders["assigned_partitions"], 2);
         assert_eq!(orders["stalled_partitions"]["orders[0]"], "key parked");
