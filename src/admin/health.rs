@@ -61,6 +61,20 @@ impl Heartbeat {
         );
     }
 
+    /// Awaits `wait`, beating every second meanwhile: for a loop that waits on something
+    /// bounded elsewhere (a synchronous commit that waits for a rebalance), which is not a
+    /// wedge.
+    pub async fn beating_while<F: std::future::Future>(&self, wait: F) -> F::Output {
+        tokio::pin!(wait);
+        let mut beat = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                out = &mut wait => return out,
+                _ = beat.tick() => self.beat(),
+            }
+        }
+    }
+
     /// The loop ended (shutdown): it is no longer expected to turn.
     pub fn retire(&self) {
         self.last.store(Self::IDLE, Ordering::Relaxed);
@@ -228,5 +242,23 @@ mod tests {
             .is_empty());
         beat.retire();
         assert!(registry.wedged(later, bound).is_empty());
+    }
+
+    /// A loop waiting on something bounded elsewhere (here a 2.5 s wait standing for a slow
+    /// commit) keeps beating during the wait, not only before it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_loop_waiting_beats_while_it_waits() {
+        let registry = HealthRegistry::default();
+        let beat = registry.heartbeat("orders");
+        let waited = beat
+            .beating_while(async {
+                tokio::time::sleep(Duration::from_millis(2_500)).await;
+                7
+            })
+            .await;
+        assert_eq!(waited, 7);
+        let silent = beat.last_turn().expect("beaten").elapsed();
+        // Beats at 0, 1 and 2 s: the last one about 0.5 s before the wait ended.
+        assert!(silent < Duration::from_millis(1_500), "{silent:?}");
     }
 }

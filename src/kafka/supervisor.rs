@@ -1011,16 +1011,9 @@ impl ConnectionSupervisor {
         if !r.lost {
             let commits = self.final_commits(r.partitions.iter());
             // The answer can wait behind the group's rebalance (see commit_sync), which Kafka
-            // bounds, not the liveness bound: the loop is waiting, not wedged, so it beats.
+            // bounds, not the liveness bound: the loop is waiting, not wedged.
             let commit = commit_thread::commit_sync(&self.name, &self.consumer, commits);
-            tokio::pin!(commit);
-            let mut beat = tokio::time::interval(STALL_CHECK);
-            loop {
-                tokio::select! {
-                    () = &mut commit => break,
-                    _ = beat.tick() => self.heartbeat.beat(),
-                }
-            }
+            self.heartbeat.beating_while(commit).await;
         }
         for tp in &r.partitions {
             if let Some(id) = self.partitions.id_of(&tp.topic, tp.partition) {
