@@ -46,7 +46,7 @@ pub struct ConnectionConfig {
     #[serde(default = "default_drain_timeout_ms")]
     pub drain_timeout_ms: u64,
     /// A partition with messages waiting or in flight whose commit offset has not moved for
-    /// this long is reported as stalled (metric, log line, `/readyz`). Default 60000.
+    /// this long is reported as stalled (metric, log line, `/health`). Default 60000.
     #[serde(default = "default_stall_after_ms")]
     pub stall_after_ms: u64,
     /// Messages buffered per partition before that partition is paused (it resumes at half).

@@ -1,7 +1,7 @@
 //! The monitor of one connection: once a second it works out which partitions are stalled
 //! and why, probes the registry and the brokers, looks for missing permissions after a
 //! refusal, follows paused partitions' end offsets for the lag metric, and reports the
-//! connection's health to `/readyz`, the log and the metrics.
+//! connection's health to `/health`, the log and the metrics.
 //!
 //! The decisions are pure functions ([`stall_reason`], [`PermissionCheck`]) tested alone; the
 //! probes run off the supervisor's loop.
@@ -263,7 +263,7 @@ impl Monitor {
 
     /// After the broker refused an operation for lack of a permission (and while one is
     /// reported missing), works out which permissions are missing with the same probes as
-    /// `tessel-kafka check`, off the runtime, and reports them in the log and `/readyz`.
+    /// `tessel-kafka check`, off the runtime, and reports them in the log and `/health`.
     fn check_permissions(&mut self, config: &ConnectionConfig, refused: bool, tasks: &TaskTracker) {
         let reported = !self
             .missing_permissions

@@ -1,7 +1,14 @@
-//! `max_record_age_ms`: a record older than this, by its Kafka timestamp against the clock,
-//! starts no run; `on_expired` skips it or dead-letters it with its age. Checked before every
-//! attempt, so a record whose retries outlast the limit expires too. Pure, apart from
-//! [`now_ms`].
+//! Record ages.
+//!
+//! - `max_record_age_ms`: a record older than this, by its Kafka timestamp against the clock,
+//!   starts no run; `on_expired` skips it or dead-letters it with its age. Checked before
+//!   every attempt, so a record whose retries outlast the limit expires too.
+//! - [`Unhandled`]: a partition's records received and not yet handled, for the lag in
+//!   seconds (the age of the oldest of them).
+//!
+//! Pure, apart from [`now_ms`].
+
+use std::collections::VecDeque;
 
 /// `__connect.errors.stage` and `tessel.stage` of an expired record's dead letter.
 pub const STAGE: &str = "RECORD_AGE";
@@ -31,9 +38,87 @@ pub fn expired(timestamp_ms: Option<i64>, now_ms: i64, max_age_ms: Option<u64>) 
     age_ms(timestamp_ms, now_ms).filter(|age| *age > max)
 }
 
+/// The timestamps of a partition's records received and not yet handled, in offset order.
+/// A record is pushed when it arrives; records below the partition's commit offset (handled
+/// and every record before them too) are dropped when the oldest is asked for. Records
+/// handled above the commit offset stay until it passes them: they are younger than the one
+/// it waits for, so the oldest is right.
+#[derive(Debug, Default)]
+pub struct Unhandled {
+    records: VecDeque<(i64, Option<i64>)>,
+}
+
+impl Unhandled {
+    /// Above this many records, arrivals also drop what the commit offset passed, so memory
+    /// stays bounded between two reports.
+    const PRUNE_ABOVE: usize = 65_536;
+
+    /// A record at `offset` stamped `timestamp_ms` arrived (offsets arrive in order).
+    pub fn push(&mut self, offset: i64, timestamp_ms: Option<i64>, commit_offset: Option<i64>) {
+        if self.records.len() >= Self::PRUNE_ABOVE {
+            self.prune(commit_offset);
+        }
+        self.records.push_back((offset, timestamp_ms));
+    }
+
+    fn prune(&mut self, commit_offset: Option<i64>) {
+        let Some(c) = commit_offset else {
+            return;
+        };
+        while self.records.front().is_some_and(|(o, _)| *o < c) {
+            let _ = self.records.pop_front();
+        }
+    }
+
+    /// The age in ms, at `now_ms`, of the oldest record not yet handled, given the
+    /// partition's commit offset (every record below it is handled); 0 when none waits or
+    /// it has no timestamp.
+    pub fn oldest_age_ms(&mut self, commit_offset: Option<i64>, now_ms: i64) -> u64 {
+        self.prune(commit_offset);
+        self.records
+            .front()
+            .and_then(|(_, ts)| age_ms(*ts, now_ms))
+            .unwrap_or(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oldest_unhandled_record_sets_the_age_until_the_commit_offset_passes_it() {
+        let now = 1_700_000_100_000;
+        let mut u = Unhandled::default();
+        assert_eq!(u.oldest_age_ms(None, now), 0, "nothing received");
+        // Offsets 10, 11, 12 stamped 90 s, 60 s and 30 s ago; nothing handled yet.
+        for (offset, ago) in [(10, 90_000), (11, 60_000), (12, 30_000)] {
+            u.push(offset, Some(now - ago), Some(10));
+        }
+        assert_eq!(u.oldest_age_ms(Some(10), now), 90_000);
+        // 12 handled first (another key): 10 still waits.
+        assert_eq!(u.oldest_age_ms(Some(10), now + 1_000), 91_000);
+        // 10 handled: 11 is the oldest.
+        assert_eq!(u.oldest_age_ms(Some(11), now), 60_000);
+        // Everything handled: none waits.
+        assert_eq!(u.oldest_age_ms(Some(13), now), 0);
+        // A record without a timestamp gives no age.
+        u.push(13, None, Some(13));
+        assert_eq!(u.oldest_age_ms(Some(13), now), 0);
+    }
+
+    #[test]
+    fn arrivals_drop_handled_records_past_the_bound() {
+        let mut u = Unhandled::default();
+        let n = i64::try_from(Unhandled::PRUNE_ABOVE).unwrap();
+        for offset in 0..n {
+            u.push(offset, Some(offset), None);
+        }
+        // All but the last handled: the next arrival drops them.
+        u.push(n, Some(n), Some(n - 1));
+        assert_eq!(u.records.len(), 2);
+        assert_eq!(u.oldest_age_ms(Some(n - 1), n + 4), 5);
+    }
 
     #[test]
     fn a_record_older_than_the_limit_expires_and_others_do_not() {

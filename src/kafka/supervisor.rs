@@ -30,7 +30,7 @@ use super::monitor::{Monitor, STALL_CHECK};
 use super::partitions::{Actions, Arrival, Limits, PartitionId, PartitionSet, Start, TriggerSlot};
 use super::worker::{self, TriggerRuntime, WorkOutcome};
 use super::{consumer_config, AssignedPartition, ConsumerEvent, EVENT_CHANNEL};
-use crate::admin::health::HealthRegistry;
+use crate::admin::health::{HealthRegistry, Heartbeat};
 use crate::codec::registry::RegistryClient;
 use crate::codec::Decoder;
 use crate::config::ConnectionConfig;
@@ -81,6 +81,8 @@ enum WorkerEvent {
 struct Completion {
     id: PartitionId,
     generation: u64,
+    /// The trigger's index (its runs-in-flight gauge).
+    trigger: usize,
     offset: i64,
     key: Option<Vec<u8>>,
     outcome: WorkOutcome,
@@ -92,6 +94,8 @@ struct Completion {
 struct BatchCompletion {
     id: PartitionId,
     generation: u64,
+    /// The trigger's index (its runs-in-flight gauge).
+    trigger: usize,
     records: Vec<(i64, WorkOutcome)>,
 }
 
@@ -147,7 +151,13 @@ pub struct ConnectionSupervisor {
     monitor: Monitor,
     tasks: TaskTracker,
     pending_revoke: Option<PendingRevoke>,
-    in_flight: std::sync::OnceLock<metrics::Gauge>,
+    /// Each trigger's runs-in-flight gauge, by index; registered when `run` starts (the
+    /// recorder is installed by then).
+    in_flight: Vec<metrics::Gauge>,
+    /// Beaten once per turn of the event loop (`/livez`).
+    heartbeat: Heartbeat,
+    /// Each partition's records received and not yet handled (the lag in seconds).
+    unhandled: HashMap<PartitionId, super::record_age::Unhandled>,
 }
 
 /// Most worker events handled before the loop looks at what may start.
@@ -315,10 +325,12 @@ impl ConnectionSupervisor {
             commits: None,
             commit_answers,
             commit_answers_tx,
+            heartbeat: health.heartbeat(name),
             monitor: Monitor::new(name, health, registry),
             tasks: TaskTracker::new(),
             pending_revoke: None,
-            in_flight: std::sync::OnceLock::new(),
+            in_flight: Vec::new(),
+            unhandled: HashMap::new(),
         })
     }
 
@@ -371,9 +383,18 @@ impl ConnectionSupervisor {
             flow,
         });
 
+        metrics::register_connection(&self.name, self.triggers.iter().map(|t| t.name.as_str()));
+        self.in_flight = self
+            .triggers
+            .iter()
+            .map(|t| metrics::in_flight_gauge(&self.name, &t.name))
+            .collect();
+        // The stall check also bounds how long the loop goes without a turn when idle (1 s):
+        // the heartbeat below then says whether the loop is wedged (`/livez`).
         let mut stall_check = tokio::time::interval(STALL_CHECK);
         stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            self.heartbeat.beat();
             let revoke_deadline = self.pending_revoke.as_ref().map(|r| r.deadline);
             let commit_due = self.next_commit_due();
             let batch_due = self.partitions.next_batch_due();
@@ -391,9 +412,12 @@ impl ConnectionSupervisor {
                     }
                 }
                 _ = sleep_until_opt(revoke_deadline) => {}
-                _ = stall_check.tick() => self.monitor.check(
-                    &self.config, &self.consumer, &mut self.partitions, &self.triggers, &self.tasks,
-                ),
+                _ = stall_check.tick() => {
+                    self.monitor.check(
+                        &self.config, &self.consumer, &mut self.partitions, &self.triggers, &self.tasks,
+                    );
+                    self.report_lag_seconds();
+                }
                 _ = sleep_until_opt(commit_due) => {}
                 _ = sleep_until_opt(batch_due) => {}
                 Some(answer) = self.commit_answers.recv() => self.on_commit_answer(answer),
@@ -409,6 +433,8 @@ impl ConnectionSupervisor {
             self.process();
             self.send_commits();
         }
+        // Stopping is bounded by the drain deadline, not by the liveness bound.
+        self.heartbeat.retire();
         self.shut_down(stop, poll_thread).await;
         Ok(())
     }
@@ -487,8 +513,18 @@ impl ConnectionSupervisor {
 
     fn on_message(&mut self, msg: OwnedMessage) {
         let offset = msg.offset();
+        let timestamp = msg.timestamp().to_millis();
         match self.partitions.on_message(msg) {
-            Arrival::Queued(_) => {}
+            Arrival::Queued(id) => {
+                let commit_offset = self
+                    .partitions
+                    .get(id)
+                    .and_then(|p| p.tracker.commit_offset());
+                self.unhandled
+                    .entry(id)
+                    .or_default()
+                    .push(offset, timestamp, commit_offset);
+            }
             Arrival::AlreadyAccepted(id) => {
                 if let Some(p) = self.partitions.get(id) {
                     metrics::handled(&self.name, &p.trigger.runtime.name, "already_accepted");
@@ -575,7 +611,7 @@ impl ConnectionSupervisor {
     }
 
     fn on_completion(&mut self, c: Completion) {
-        self.in_flight_gauge().decrement(1.0);
+        self.in_flight_add(c.trigger, -1.0);
         let handled = c.outcome.is_handled();
         c.span.record("tessel.outcome", c.outcome.label());
         if self
@@ -601,7 +637,7 @@ impl ConnectionSupervisor {
     }
 
     fn on_batch_completion(&mut self, c: BatchCompletion) {
-        self.in_flight_gauge().decrement(c.records.len() as f64);
+        self.in_flight_add(c.trigger, -(c.records.len() as f64));
         let handled: Vec<(i64, bool)> = c
             .records
             .iter()
@@ -697,6 +733,7 @@ impl ConnectionSupervisor {
         let completion = Completion {
             id,
             generation,
+            trigger: trigger_index,
             offset: msg.offset(),
             key,
             outcome: WorkOutcome::Abandoned,
@@ -709,7 +746,7 @@ impl ConnectionSupervisor {
                 let _ = tx.send(WorkerEvent::Yielded(trigger_index));
             }
         };
-        self.in_flight_gauge().increment(1.0);
+        self.in_flight_add(trigger_index, 1.0);
         drop(self.tasks.spawn(async move {
             let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
             let (topic, partition, offset) = (msg.topic().to_owned(), msg.partition(), msg.offset());
@@ -789,7 +826,7 @@ impl ConnectionSupervisor {
                 let _ = tx.send(WorkerEvent::Yielded(trigger_index));
             }
         };
-        self.in_flight_gauge().increment(offsets.len() as f64);
+        self.in_flight_add(trigger_index, offsets.len() as f64);
         drop(self.tasks.spawn(async move {
             let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
             let first = offsets.first().copied().unwrap_or_default();
@@ -821,15 +858,39 @@ impl ConnectionSupervisor {
             let _ = done.send(WorkerEvent::BatchFinished(BatchCompletion {
                 id,
                 generation,
+                trigger: trigger_index,
                 records,
             }));
         }));
     }
 
-    /// The runs-in-flight gauge (registered on first use, once the recorder is installed).
-    fn in_flight_gauge(&self) -> &metrics::Gauge {
-        self.in_flight
-            .get_or_init(|| metrics::in_flight_gauge(&self.name))
+    /// Moves the runs-in-flight gauge of the trigger with this index by `delta` (runs start
+    /// and end only after `run` registered the gauges).
+    fn in_flight_add(&self, trigger: usize, delta: f64) {
+        if let Some(g) = self.in_flight.get(trigger) {
+            g.increment(delta);
+        }
+    }
+
+    /// Reports each assigned partition's lag in seconds: the age of its oldest record
+    /// received and not yet handled.
+    fn report_lag_seconds(&mut self) {
+        let now = super::record_age::now_ms();
+        for p in self.partitions.iter() {
+            let Some(id) = self.partitions.id_of(&p.tp.topic, p.tp.partition) else {
+                continue;
+            };
+            let age_ms = self
+                .unhandled
+                .get_mut(&id)
+                .map_or(0, |u| u.oldest_age_ms(p.tracker.commit_offset(), now));
+            metrics::consumer_lag_seconds(
+                &self.name,
+                &p.tp.topic,
+                p.tp.partition,
+                age_ms as f64 / 1000.0,
+            );
+        }
     }
 
     /// When the loop must wake to send commits: a send slot for moved commit offsets, or a
@@ -949,9 +1010,16 @@ impl ConnectionSupervisor {
         }
         if !r.lost {
             let commits = self.final_commits(r.partitions.iter());
-            commit_thread::commit_sync(&self.name, &self.consumer, commits).await;
+            // The answer can wait behind the group's rebalance (see commit_sync), which Kafka
+            // bounds, not the liveness bound: the loop is waiting, not wedged.
+            let commit = commit_thread::commit_sync(&self.name, &self.consumer, commits);
+            self.heartbeat.beating_while(commit).await;
         }
         for tp in &r.partitions {
+            if let Some(id) = self.partitions.id_of(&tp.topic, tp.partition) {
+                let _ = self.unhandled.remove(&id);
+            }
+            metrics::remove_consumer_lag_seconds(&self.name, &tp.topic, tp.partition);
             let _ = self.partitions.remove(tp);
             self.committer.forget(tp);
         }

@@ -1,5 +1,5 @@
 //! A connection without triggers: no consumer and no group, only the produce API over the
-//! connection's idempotent producer. What `/readyz` says of it comes from a metadata request
+//! connection's idempotent producer. What `/health` says of it comes from a metadata request
 //! every [`PROBE_EVERY`] and the registry's probe.
 
 use std::sync::Arc;

@@ -4,8 +4,16 @@
 //!
 //! Histograms are exported as Prometheus histograms (`_bucket`, `_sum`, `_count`), not
 //! summaries: only buckets can be aggregated across replicas with `histogram_quantile`.
-//! Consumer lag is kept here rather than in the recorder, because its series have to disappear
-//! when a partition is revoked and the recorder cannot remove a series.
+//! Consumer lag (in messages and in seconds) is kept here rather than in the recorder, because
+//! its series have to disappear when a partition is revoked and the recorder cannot remove a
+//! series. A partition between owners (a rebalance, a replica that died) has no series for a
+//! while: the shipped queries bridge that gap with `last_over_time(...[2m])`, deduplicated by
+//! `max by (..., partition)` (see deploy/prometheus/alerts.yml).
+//!
+//! The counters alerts look for by increase (records that started no run, worker panics,
+//! commit errors) and the runs-in-flight gauges are registered at 0 when a connection starts
+//! ([`register_connection`]): Prometheus sees no increase in a counter whose first sample is
+//! already 1, so a series born with the first skip would never fire its alert.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -32,6 +40,8 @@ pub const RUNS_IN_FLIGHT: &str = "tessel_kafka_runs_in_flight";
 pub const PAUSED_PARTITIONS: &str = "tessel_kafka_paused_partitions";
 /// Consumer lag: last stable offset minus the group's committed offset.
 pub const CONSUMER_LAG: &str = "tessel_kafka_consumer_lag_messages";
+/// Consumer lag in time: age of the oldest record received and not yet handled.
+pub const CONSUMER_LAG_SECONDS: &str = "tessel_kafka_consumer_lag_seconds";
 /// Message timestamp to acceptance of its run.
 pub const END_TO_END_SECONDS: &str = "tessel_kafka_end_to_end_latency_seconds";
 /// Keys and values decoded, by format, and failures by class (DECODE_ERRORS).
@@ -90,9 +100,10 @@ pub const INVENTORY: &[(&str, Kind, &str)] = &[
     (MESSAGES_HANDLED, Kind::Counter, "Messages finished, by trigger and outcome (accepted, skipped, dead_lettered; filtered and filter_error for records a filter refused or could not be evaluated on; expired and expired_dead_lettered for records past max_record_age_ms)."),
     (DECODE_ERRORS, Kind::Counter, "Keys or values that failed to decode, by trigger and class."),
     (DISPATCH_SECONDS, Kind::Histogram, "Duration of one request to the run dispatcher, in seconds."),
-    (RUNS_IN_FLIGHT, Kind::Gauge, "Dispatches in flight, by connection."),
+    (RUNS_IN_FLIGHT, Kind::Gauge, "Records whose run is being dispatched (in flight), by connection and trigger (a trigger's concurrency caps its own)."),
     (PAUSED_PARTITIONS, Kind::Gauge, "Partitions paused because their buffer is full, by connection."),
     (CONSUMER_LAG, Kind::Gauge, "Messages not yet accepted: the partition's last stable offset minus the group's committed offset (or, before the first commit, minus where the consumer started). Present while the partition is assigned to this replica."),
+    (CONSUMER_LAG_SECONDS, Kind::Gauge, "Age in seconds, by its Kafka timestamp, of the partition's oldest record received and not yet handled (0 when none waits). Present while the partition is assigned to this replica."),
     (END_TO_END_SECONDS, Kind::Histogram, "Time from a message's timestamp to the acceptance of its run, in seconds."),
     (DECODED, Kind::Counter, "Keys and values decoded, by trigger and format."),
     (REGISTRY_ERRORS, Kind::Counter, "Schema registry lookups that failed, by connection and class."),
@@ -180,33 +191,42 @@ pub async fn run_upkeep(handle: PrometheusHandle, shutdown: tokio_util::sync::Ca
 /// The `/metrics` text: the recorder's metrics, then consumer lag.
 pub fn render(handle: &PrometheusHandle) -> String {
     let mut text = handle.render();
-    render_lag(&mut text);
+    render_partition_gauge(&mut text, CONSUMER_LAG, &lag_series());
+    render_partition_gauge(&mut text, CONSUMER_LAG_SECONDS, &lag_seconds_series());
     text
 }
 
-/// Lag of every assigned partition, by (connection, topic, partition).
-static LAG: Mutex<BTreeMap<(String, String, i32), i64>> = Mutex::new(BTreeMap::new());
+/// A gauge per assigned partition, by (connection, topic, partition).
+type PartitionSeries = BTreeMap<(String, String, i32), f64>;
 
-fn lag_series() -> std::sync::MutexGuard<'static, BTreeMap<(String, String, i32), i64>> {
+/// Lag in messages of every assigned partition.
+static LAG: Mutex<PartitionSeries> = Mutex::new(BTreeMap::new());
+/// Lag in seconds of every assigned partition.
+static LAG_SECONDS: Mutex<PartitionSeries> = Mutex::new(BTreeMap::new());
+
+fn lag_series() -> std::sync::MutexGuard<'static, PartitionSeries> {
     LAG.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Writes the consumer lag series in the Prometheus text format.
-fn render_lag(out: &mut String) {
-    let series = lag_series();
+fn lag_seconds_series() -> std::sync::MutexGuard<'static, PartitionSeries> {
+    LAG_SECONDS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes a per-partition gauge's series in the Prometheus text format.
+fn render_partition_gauge(out: &mut String, name: &str, series: &PartitionSeries) {
     if series.is_empty() {
         return;
     }
     let help = INVENTORY
         .iter()
-        .find(|(n, _, _)| *n == CONSUMER_LAG)
+        .find(|(n, _, _)| *n == name)
         .map_or("", |(_, _, h)| *h);
-    let _ = writeln!(out, "# HELP {CONSUMER_LAG} {help}");
-    let _ = writeln!(out, "# TYPE {CONSUMER_LAG} gauge");
-    for ((connection, topic, partition), lag) in series.iter() {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    for ((connection, topic, partition), value) in series.iter() {
         let _ = writeln!(
             out,
-            "{CONSUMER_LAG}{{connection=\"{}\",topic=\"{}\",partition=\"{partition}\"}} {lag}",
+            "{name}{{connection=\"{}\",topic=\"{}\",partition=\"{partition}\"}} {value}",
             escape_label(connection),
             escape_label(topic)
         );
@@ -274,9 +294,28 @@ pub fn worker_panic(connection: &str, trigger: &str) {
         .increment(1);
 }
 
-/// The runs-in-flight gauge of `connection`, to keep and move per run.
-pub fn in_flight_gauge(connection: &str) -> Gauge {
-    gauge!(RUNS_IN_FLIGHT, "connection" => connection.to_owned())
+/// The runs-in-flight gauge of `trigger` of `connection`, to keep and move per run.
+pub fn in_flight_gauge(connection: &str, trigger: &str) -> Gauge {
+    gauge!(RUNS_IN_FLIGHT, "connection" => connection.to_owned(), "trigger" => trigger.to_owned())
+}
+
+/// Outcomes of the handled counter for records that started no run although the trigger
+/// consumes them: alerted on (deploy/prometheus/alerts.yml), so registered at 0.
+pub const NO_RUN_OUTCOMES: [&str; 3] = ["skipped", "filter_error", "expired"];
+
+/// Registers at 0 the series of `connection` and its `triggers` that alerts watch for an
+/// increase: commit errors, worker panics and records that started no run. Called once the
+/// recorder is installed, when the connection starts.
+pub fn register_connection<'a>(connection: &str, triggers: impl IntoIterator<Item = &'a str>) {
+    for result in ["ok", "error"] {
+        counter!(COMMITS, "connection" => connection.to_owned(), "result" => result).increment(0);
+    }
+    for trigger in triggers {
+        for outcome in NO_RUN_OUTCOMES {
+            counter!(MESSAGES_HANDLED, "connection" => connection.to_owned(), "trigger" => trigger.to_owned(), "outcome" => outcome).increment(0);
+        }
+        counter!(WORKER_PANICS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned()).increment(0);
+    }
 }
 
 /// Formats whose decoded counter a [`TriggerMetrics`] keeps a handle for.
@@ -386,12 +425,28 @@ pub fn stalled(connection: &str, n: usize) {
 
 /// Consumer lag of one assigned partition.
 pub fn consumer_lag(connection: &str, topic: &str, partition: i32, lag: i64) {
-    let _ = lag_series().insert((connection.to_owned(), topic.to_owned(), partition), lag);
+    let _ = lag_series().insert(
+        (connection.to_owned(), topic.to_owned(), partition),
+        lag as f64,
+    );
 }
 
 /// A partition was revoked: its lag series disappears (the new owner reports it).
 pub fn remove_consumer_lag(connection: &str, topic: &str, partition: i32) {
     let _ = lag_series().remove(&(connection.to_owned(), topic.to_owned(), partition));
+}
+
+/// Lag in seconds of one assigned partition: the age of its oldest record not yet handled.
+pub fn consumer_lag_seconds(connection: &str, topic: &str, partition: i32, seconds: f64) {
+    let _ = lag_seconds_series().insert(
+        (connection.to_owned(), topic.to_owned(), partition),
+        seconds,
+    );
+}
+
+/// A partition was revoked: its lag-in-seconds series disappears (the new owner reports it).
+pub fn remove_consumer_lag_seconds(connection: &str, topic: &str, partition: i32) {
+    let _ = lag_seconds_series().remove(&(connection.to_owned(), topic.to_owned(), partition));
 }
 
 /// A run was accepted `seconds` after its message's timestamp.
@@ -447,7 +502,7 @@ mod tests {
             }
             handled("c", "tr", "accepted");
             decode_error("c", "tr", "schema");
-            in_flight_gauge("c").increment(1.0);
+            in_flight_gauge("c", "tr").increment(1.0);
             partitions("c", 3, 1);
             rebalance("c", "assign");
             commit("c", true);
@@ -464,10 +519,14 @@ mod tests {
             connection_up("c", true);
             connection_failure("c");
             config_reload("ok");
+            // Registering after the fact (a restarted connection) leaves the values alone.
+            register_connection("c", ["tr"]);
         });
         consumer_lag("render-one-of-each", "t", 0, 7);
+        consumer_lag_seconds("render-one-of-each", "t", 0, 2.5);
         let text = render(&handle);
         remove_consumer_lag("render-one-of-each", "t", 0);
+        remove_consumer_lag_seconds("render-one-of-each", "t", 0);
         text
     }
 
@@ -534,6 +593,55 @@ mod tests {
             sample(
                 &text,
                 "tessel_kafka_registry_cache_lookups_total{connection=\"c\",result=\"hit\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "tessel_kafka_runs_in_flight{connection=\"c\",trigger=\"tr\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "tessel_kafka_consumer_lag_seconds{connection=\"render-one-of-each\",topic=\"t\",partition=\"0\"}"
+            ),
+            Some(2.5)
+        );
+    }
+
+    /// What alerts watch for an increase exists at 0 from the start, beside what moved.
+    #[test]
+    fn alerted_counters_start_at_zero() {
+        let text = render_one_of_each();
+        for outcome in NO_RUN_OUTCOMES {
+            let series = format!(
+                "tessel_kafka_messages_handled_total{{connection=\"c\",trigger=\"tr\",outcome=\"{outcome}\"}}"
+            );
+            assert_eq!(sample(&text, &series), Some(0.0), "{series} in:\n{text}");
+        }
+        let handled = "tessel_kafka_messages_handled_total{connection=\"c\",trigger=\"tr\",outcome=\"accepted\"}";
+        assert_eq!(sample(&text, handled), Some(1.0));
+        assert_eq!(
+            sample(
+                &text,
+                "tessel_kafka_offset_commits_total{connection=\"c\",result=\"ok\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "tessel_kafka_offset_commits_total{connection=\"c\",result=\"error\"}"
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "tessel_kafka_worker_panics_total{connection=\"c\",trigger=\"tr\"}"
             ),
             Some(1.0)
         );

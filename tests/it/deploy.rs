@@ -432,12 +432,47 @@ fn objects_select_the_workload(docs: &[Value]) {
     assert_eq!(m.get("namespace").map(String::as_str), Some(NAMESPACE));
     assert_eq!(m.get("region"), pod_labels.get("region"));
     assert!(m.contains_key("connection"), "{m:?}");
+    // The optional trigger on the lag in seconds selects the same series' owners, and follows
+    // the age itself (Value), not the age shared among the replicas.
+    let seconds = tessel_kafka::telemetry::metrics::CONSUMER_LAG_SECONDS;
+    for t in scaler["spec"]["triggers"].as_sequence().unwrap() {
+        let Some(q) = t["metadata"]["query"]
+            .as_str()
+            .filter(|q| q.contains(seconds))
+        else {
+            continue;
+        };
+        assert_eq!(t["metricType"].as_str(), Some("Value"), "{q}");
+        let s = matchers(q);
+        assert_eq!(
+            (s.get("namespace"), s.get("region"), s.get("connection")),
+            (m.get("namespace"), m.get("region"), m.get("connection")),
+            "{q}"
+        );
+    }
 }
 
 #[test]
 fn the_optional_rendering_turns_on_keda_network_policy_and_irsa() {
     let docs = optional_rendering();
     assert_eq!(of_kind(&docs, "ScaledObject").len(), 1);
+    let triggers = one(&docs, "ScaledObject")["spec"]["triggers"]
+        .as_sequence()
+        .unwrap()
+        .clone();
+    let thresholds: Vec<(&str, &str)> = triggers
+        .iter()
+        .map(|t| {
+            let q = t["metadata"]["query"].as_str().unwrap();
+            let metric = if q.contains(tessel_kafka::telemetry::metrics::CONSUMER_LAG_SECONDS) {
+                "seconds"
+            } else {
+                "messages"
+            };
+            (metric, t["metadata"]["threshold"].as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(thresholds, [("messages", "5000"), ("seconds", "300")]);
     assert_eq!(of_kind(&docs, "NetworkPolicy").len(), 1);
     let account = one(&docs, "ServiceAccount");
     let role = account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]

@@ -143,6 +143,57 @@ async fn offsets_are_committed_only_after_the_dispatcher_accepts() {
     assert_all_once(&d, 10);
 }
 
+/// A healthy daemon's probes: `/livez` and `/readyz` answer 200, and its event loop keeps
+/// turning while idle (its last turn, in `/health`, stays under the 1 s stall-check period
+/// plus slack long after the last record), so `/livez` judges a loop that beats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_daemon_is_alive_and_ready_and_its_idle_loop_keeps_turning() {
+    let topic = unique("h-probes");
+    let mock = mock_with_topic(&topic, 1);
+    produce(&mock, &topic, 0, 3, 3, Some(0));
+    let d = dispatcher(Faults::default()).await;
+    let port = crate::support::free_port();
+    let c = Connector::start_with(
+        &TestConfig::new(
+            &mock.bootstrap_servers(),
+            &unique("h-probes-group"),
+            &topic,
+            &d.url(),
+        )
+        .server(&format!("127.0.0.1:{port}"))
+        .toml(),
+        true,
+    );
+    wait_for("the 3 runs", Duration::from_secs(30), || {
+        (d.accepted() == 3).then_some(())
+    })
+    .await;
+    let get = |path: &'static str| async move {
+        let resp = reqwest::get(format!("http://127.0.0.1:{port}{path}"))
+            .await
+            .ok()?;
+        let status = resp.status().as_u16();
+        Some((status, resp.json::<serde_json::Value>().await.ok()?))
+    };
+    let idle_since = Instant::now();
+    let mut silences = Vec::new();
+    while idle_since.elapsed() < Duration::from_secs(3) {
+        let (_, body) = get("/health").await.expect("/health answers");
+        silences.push(body["connections"]["it"]["event_loop_silent_ms"].as_u64());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let livez = get("/livez").await;
+    let readyz = get("/readyz").await;
+    c.stop().await;
+    assert_eq!(livez, Some((200, serde_json::json!({"status": "ok"}))));
+    assert_eq!(readyz, Some((200, serde_json::json!({"status": "ready"}))));
+    assert!(silences.len() >= 8, "{silences:?}");
+    assert!(
+        silences.iter().all(|s| s.is_some_and(|ms| ms < 2_500)),
+        "the idle loop turned at least every 2.5 s: {silences:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_refused_with_illegal_generation_loses_nothing_and_repeats_at_most_that_run() {
     let topic = unique("h-refused");

@@ -493,6 +493,10 @@ dispatcher = {{ url = "{}" }}
     assert_eq!(high_watermarks(&forbidden, 1), vec![0]);
 }
 
+/// A dispatcher failing one key stalls its partition: `/health` and the metrics say so (with
+/// the reason, and the parked record's age as the lag in seconds) until it moves again, while
+/// the probes stay up: a tenant's dispatcher trouble neither restarts the pod nor takes it out
+/// of its Service.
 #[tokio::test]
 async fn a_stalled_partition_is_reported_with_its_reason_until_it_moves_again() {
     let topic = unique("stall");
@@ -515,8 +519,8 @@ async fn a_stalled_partition_is_reported_with_its_reason_until_it_moves_again() 
         "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n{toml}"
     ));
     let mut daemon = spawn_daemon(&config, Stdio::null());
-    let ready = |port: u16| async move {
-        let resp = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+    let get = |path: &'static str| async move {
+        let resp = reqwest::get(format!("http://127.0.0.1:{admin_port}{path}"))
             .await
             .ok()?;
         let status = resp.status().as_u16();
@@ -525,8 +529,8 @@ async fn a_stalled_partition_is_reported_with_its_reason_until_it_moves_again() 
     let mut body = Value::Null;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while std::time::Instant::now() < deadline {
-        // Not ready at start-up too (no broker report yet): wait for the stall itself.
-        if let Some((503, b)) = ready(admin_port).await {
+        // Degraded at start-up too (no broker report yet): wait for the stall itself.
+        if let Some((503, b)) = get("/health").await {
             let stalled = b["connections"]["it"]["stalled_partitions"]
                 .as_object()
                 .is_some_and(|m| !m.is_empty());
@@ -543,29 +547,83 @@ async fn a_stalled_partition_is_reported_with_its_reason_until_it_moves_again() 
         .to_owned();
     assert!(
         reason.contains("key parked") && reason.contains("HTTP 500"),
-        "readiness says why: {body}"
+        "/health says why: {body}"
     );
-    let metrics = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == "tessel_kafka_stalled_partitions{connection=\"it\"} 1"),
+    assert_eq!(
+        get("/readyz").await,
+        Some((200, json!({"status": "ready"}))),
+        "ready while a partition is stalled"
+    );
+    assert_eq!(
+        get("/livez").await,
+        Some((200, json!({"status": "ok"}))),
+        "alive while a partition is stalled"
+    );
+    let metric = |text: &str, series: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    };
+    let metrics_text = || async move {
+        reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()
+    };
+    let lag_seconds = format!(
+        "tessel_kafka_consumer_lag_seconds{{connection=\"it\",topic=\"{topic}\",partition=\"0\"}}"
+    );
+    // The parked record (offset 2) waits since the stall began at least 1.5 s ago: it is the
+    // partition's oldest record not handled.
+    let metrics = wait_for_async_deadline(Duration::from_secs(10), || async {
+        let text = metrics_text().await?;
+        (metric(&text, &lag_seconds)? >= 1.5).then_some(text)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no {lag_seconds} of at least 1.5"));
+    assert_eq!(
+        metric(
+            &metrics,
+            "tessel_kafka_stalled_partitions{connection=\"it\"}"
+        ),
+        Some(1.0),
         "{metrics}"
     );
     d.faults(|f| f.fail_keys.clear());
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut recovered = false;
     while !recovered && std::time::Instant::now() < deadline {
-        recovered = matches!(ready(admin_port).await, Some((200, _)));
+        recovered = matches!(get("/health").await, Some((200, _)));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    assert!(recovered, "healthy again once the partition moves");
+    // Everything handled: nothing waits, and the lag in seconds is 0.
+    let caught_up = wait_for_async_deadline(Duration::from_secs(10), || async {
+        let text = metrics_text().await?;
+        (metric(&text, &lag_seconds)? == 0.0).then_some(())
+    })
+    .await;
     daemon.kill().unwrap();
     let _ = daemon.wait();
-    assert!(recovered, "ready again once the partition moves");
+    assert_eq!(caught_up, Some(()), "{lag_seconds} back to 0");
     assert_eq!(d.accepted(), 5);
+}
+
+/// Polls `f` until it answers or `within` passes.
+async fn wait_for_async_deadline<T, F, Fut>(within: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

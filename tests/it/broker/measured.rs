@@ -6,8 +6,8 @@
 //! - Keys of one partition run in parallel at close to the ideal rate.
 //! - SIGKILL re-offers only runs that no commit covered at the kill, each accepted in the
 //!   last moments before it: commits follow acceptance within about 10 ms plus a round trip.
-//! - /readyz follows the broker going away and coming back (it stops the broker), for a
-//!   consuming connection and one that only produces.
+//! - /health follows the broker going away and coming back (it stops the broker), for a
+//!   consuming connection and one that only produces, while /readyz and /livez stay 200.
 //! - A registry outage (the registry process stopped for 30 s) dead-letters nothing; it also
 //!   stalls every other test that needs the registry, another reason to run alone.
 //! - Produce: no duplicates while the broker is paused past the request timeout (it stops
@@ -312,7 +312,7 @@ impl Drop for RestartBroker {
 }
 
 #[tokio::test]
-async fn readiness_follows_the_broker_going_away_and_coming_back() {
+async fn health_follows_the_broker_going_away_and_coming_back_while_the_probes_stay_up() {
     let topic = unique("readyz");
     create_topic(&topic, 1).await;
     let d = dispatcher(Faults::default()).await;
@@ -334,35 +334,48 @@ topics = ["{topic}"]
         "[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}\n{produce_only}"
     ));
     let mut daemon = spawn_daemon(&config, Stdio::null());
-    let readyz = move || async move {
-        let resp = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+    let get = move |path: &'static str| async move {
+        let resp = reqwest::get(format!("http://127.0.0.1:{port}{path}"))
             .await
             .ok()?;
         let status = resp.status().as_u16();
         Some((status, resp.json::<serde_json::Value>().await.ok()?))
     };
-    let (_, body) = wait_for_async("ready", Duration::from_secs(60), || async {
-        readyz().await.filter(|r| r.0 == 200)
+    let (_, body) = wait_for_async("healthy", Duration::from_secs(60), || async {
+        get("/health").await.filter(|r| r.0 == 200)
     })
     .await;
     assert_eq!(body["connections"]["po"]["brokers_up"], true, "{body}");
     let restart = RestartBroker;
     stack_script(&["stop-broker"]);
     let (_, body) = wait_for_async(
-        "not ready without a broker",
+        "degraded without a broker",
         Duration::from_secs(60),
         || async {
-            readyz()
+            get("/health")
                 .await
                 .filter(|r| r.0 == 503 && r.1["connections"]["po"]["brokers_up"] == false)
         },
     )
     .await;
     assert_eq!(body["connections"]["it"]["brokers_up"], false, "{body}");
+    assert_eq!(body["status"], "degraded", "{body}");
+    // The brokers being down is not the pod's fault: it stays in its Service (the produce
+    // API answers, with 503s of its own) and is not restarted.
+    assert_eq!(
+        get("/readyz").await,
+        Some((200, json!({"status": "ready"}))),
+        "ready without a broker"
+    );
+    assert_eq!(
+        get("/livez").await,
+        Some((200, json!({"status": "ok"}))),
+        "alive without a broker"
+    );
     stack_script(&["start-broker"]);
     drop(restart);
-    let (_, body) = wait_for_async("ready again", Duration::from_secs(90), || async {
-        readyz().await.filter(|r| r.0 == 200)
+    let (_, body) = wait_for_async("healthy again", Duration::from_secs(90), || async {
+        get("/health").await.filter(|r| r.0 == 200)
     })
     .await;
     assert_eq!(body["connections"]["po"]["brokers_up"], true, "{body}");

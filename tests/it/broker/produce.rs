@@ -598,7 +598,7 @@ async fn the_produce_command_writes_and_prints_offsets() {
 }
 
 /// A connection without triggers runs no consumer and needs no group: it serves the produce
-/// API, `/readyz` reports its brokers, and `check` probes authentication and WRITE only.
+/// API, `/health` reports its brokers, and `check` probes authentication and WRITE only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_without_triggers_only_produces() {
     let topic = unique("produce-only");
@@ -620,11 +620,11 @@ produce_topics = ["{topic}"]
         bootstrap = stack().bootstrap
     );
     let daemon = ProducingDaemon::start(&toml, port).await;
-    let readyz = format!("{}/readyz", daemon.base);
-    let ready = wait_for_async("/readyz 200", Duration::from_secs(60), || {
-        let readyz = readyz.clone();
+    let health = format!("{}/health", daemon.base);
+    let ready = wait_for_async("/health 200", Duration::from_secs(60), || {
+        let health = health.clone();
         async move {
-            let resp = reqwest::get(&readyz).await.ok()?;
+            let resp = reqwest::get(&health).await.ok()?;
             if resp.status() != 200 {
                 return None;
             }

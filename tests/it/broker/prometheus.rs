@@ -1,7 +1,12 @@
 //! The shipped dashboard and alert rules against a real Prometheus (Debian's `prometheus`
-//! package, installed by `scripts/deps`) scraping a running connector: the rules pass
-//! `promtool check rules`, and during a live run every dashboard query, every dashboard
-//! variable and every alert expression finds its series.
+//! package, installed by `scripts/deps`) scraping a running connector:
+//!
+//! - the rules pass `promtool check rules`, and during a live run every dashboard query,
+//!   every dashboard variable and every alert expression finds its series, with the run's
+//!   values; the lag queries keep each partition's value once the daemon stopped reporting;
+//! - a dispatcher down for a minute fires the stall and dispatcher alerts for the run's
+//!   namespace, region and connection, `/health` and the metrics show the stall, and `/readyz`
+//!   and `/livez` stay 200 throughout.
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
@@ -31,10 +36,10 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    /// Starts Prometheus scraping `target` every second and evaluating the alert rules.
-    async fn start(target: &str) -> Self {
+    /// Starts Prometheus scraping `target` every second and evaluating the alert rules in
+    /// `rules`.
+    async fn start(target: &str, rules: &std::path::Path) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let rules = repo().join("deploy/prometheus/alerts.yml");
         let config = format!(
             r#"global:
   scrape_interval: 1s
@@ -95,6 +100,37 @@ scrape_configs:
         let data = self.api("query", &[("query", promql)]).await?;
         data["result"].as_array().cloned()
     }
+
+    /// The value of the first sample an instant query returns now.
+    async fn value(&self, promql: &str) -> Option<f64> {
+        let samples = self.query(promql).await?;
+        samples.first()?["value"][1].as_str()?.parse().ok()
+    }
+
+    /// Every alerting rule loaded, with its state (`inactive`, `pending`, `firing`) and its
+    /// alerts; None until they all evaluated without error.
+    async fn alert_rules(&self) -> Option<Vec<Value>> {
+        let data = self.api("rules", &[("type", "alert")]).await?;
+        let rules: Vec<Value> = data["groups"]
+            .as_array()?
+            .iter()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .collect();
+        (!rules.is_empty() && rules.iter().all(|r| r["health"] == "ok")).then_some(rules)
+    }
+
+    /// The labels of the alerts firing now.
+    async fn firing(&self) -> Option<Vec<Value>> {
+        let data = self.api("alerts", &[]).await?;
+        Some(
+            data["alerts"]
+                .as_array()?
+                .iter()
+                .filter(|a| a["state"] == "firing")
+                .map(|a| a["labels"].clone())
+                .collect(),
+        )
+    }
 }
 
 impl Drop for Prometheus {
@@ -128,8 +164,10 @@ fn top_level(expr: &str) -> Vec<usize> {
 }
 
 /// The parts of an alert expression that select data: the operands of top-level `and`, `or`
-/// and `unless`, each without its threshold (`> 0.1`, `== 0`). An alert can only fire when
-/// each part finds series; a misspelt metric or label makes a part silently empty.
+/// and `unless`, each without its threshold (`> 0.1`, `== 0`), and the selector inside
+/// `absent(...)` (which answers only when it finds nothing). An alert can only fire when each
+/// part finds series (or, for `absent`, when the series it watches go away); a misspelt
+/// metric or label makes a part silently empty.
 fn selecting_parts(expr: &str) -> Vec<String> {
     let mut cuts = Vec::new();
     for i in top_level(expr) {
@@ -153,7 +191,12 @@ fn selecting_parts(expr: &str) -> Vec<String> {
                 .into_iter()
                 .find(|&i| matches!(part.as_bytes()[i], b'<' | b'>' | b'=' | b'!'));
             let Some(i) = comparison else {
-                return part.trim().to_owned();
+                let part = part.trim();
+                return part
+                    .strip_prefix("absent(")
+                    .and_then(|p| p.strip_suffix(')'))
+                    .unwrap_or(part)
+                    .to_owned();
             };
             let rhs = part[i..].trim_start_matches(['<', '>', '=', '!']).trim();
             let rhs = rhs.strip_prefix("bool ").unwrap_or(rhs);
@@ -181,6 +224,34 @@ fn alert_expressions_split_into_their_selecting_parts() {
         [r#"sum(rate(x{o!="a"}[5m])) / sum(rate(x[5m]))"#]
     );
     assert_eq!(selecting_parts("a > b"), ["a > b"]);
+    assert_eq!(
+        selecting_parts(r#"absent(up{job="tessel-kafka"})"#),
+        [r#"up{job="tessel-kafka"}"#]
+    );
+    assert_eq!(
+        selecting_parts("count by (n) (max_over_time(up[1h])) unless count by (n) (up == 1)"),
+        [
+            "count by (n) (max_over_time(up[1h]))",
+            "count by (n) (up == 1)"
+        ]
+    );
+}
+
+/// The shipped rules with every `for:` hold shortened to `hold` (nothing else changed), in
+/// `dir`: an alert that holds for minutes in production fires within a test.
+fn rules_holding_for(dir: &std::path::Path, hold: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(repo().join("deploy/prometheus/alerts.yml")).unwrap();
+    let held: Vec<String> = text
+        .lines()
+        .map(|l| match l.split_once("for: ") {
+            Some((indent, _)) if indent.trim().is_empty() => format!("{indent}for: {hold}"),
+            _ => l.to_owned(),
+        })
+        .collect();
+    assert!(held.iter().any(|l| l.ends_with(&format!("for: {hold}"))));
+    let path = dir.join("alerts.yml");
+    std::fs::write(&path, held.join("\n")).unwrap();
+    path
 }
 
 const ORDER_AVRO: &str = r#"{"type":"record","name":"Order","namespace":"it.prometheus","fields":[{"name":"n","type":"long"}]}"#;
@@ -248,7 +319,7 @@ async fn every_dashboard_query_and_alert_expression_returns_data_from_a_live_run
         );
     let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:{admin}\"\n{toml}"));
     let mut daemon = spawn_daemon(&config, Stdio::null());
-    let prometheus = Prometheus::start(&format!("127.0.0.1:{admin}")).await;
+    let prometheus = Prometheus::start(&format!("127.0.0.1:{admin}"), &rules).await;
     let up = format!("up{{job=\"{JOB}\"}} == 1");
     wait_for_async("the connector scraped", Duration::from_secs(60), || async {
         (!prometheus.query(&up).await?.is_empty()).then_some(())
@@ -315,19 +386,9 @@ async fn every_dashboard_query_and_alert_expression_returns_data_from_a_live_run
             format!("count by ({label}) ({})", substitute(selector)),
         );
     }
-    let alerts = wait_for_async(
-        "the alert rules loaded",
-        Duration::from_secs(30),
-        || async {
-            let data = prometheus.api("rules", &[("type", "alert")]).await?;
-            let rules: Vec<Value> = data["groups"]
-                .as_array()?
-                .iter()
-                .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
-                .collect();
-            (!rules.is_empty() && rules.iter().all(|r| r["health"] == "ok")).then_some(rules)
-        },
-    )
+    let alerts = wait_for_async("the alert rules loaded", Duration::from_secs(30), || {
+        prometheus.alert_rules()
+    })
     .await;
     let rule_text = std::fs::read_to_string(&rules).unwrap();
     assert_eq!(
@@ -400,6 +461,176 @@ async fn every_dashboard_query_and_alert_expression_returns_data_from_a_live_run
         },
     )
     .await;
+    // Per trigger, and nothing left in flight once every record is handled; the oldest
+    // record not yet handled is then none (lag 0 s) on both partitions.
+    let in_flight = format!(
+        "sum(tessel_kafka_runs_in_flight{{namespace=\"{NAMESPACE}\", connection=\"{CONNECTION}\", trigger=\"main\"}})"
+    );
+    assert_eq!(prometheus.value(&in_flight).await, Some(0.0), "{in_flight}");
+    let lag_seconds = format!(
+        "count(tessel_kafka_consumer_lag_seconds{{namespace=\"{NAMESPACE}\", topic=\"{topic}\"}} == 0)"
+    );
+    wait_for_async(
+        "the lag in seconds of both partitions at 0",
+        Duration::from_secs(30),
+        || async { (prometheus.value(&lag_seconds).await? == 2.0).then_some(()) },
+    )
+    .await;
+    // The daemon reports, so the absence alerts stay quiet.
+    let rules_now = prometheus.alert_rules().await.expect("rules");
+    for name in ["TesselKafkaAbsent", "TesselKafkaStoppedReporting"] {
+        let rule = rules_now.iter().find(|r| r["name"] == name).expect(name);
+        assert_eq!(rule["state"], "inactive", "{name}: {rule}");
+    }
+
+    // The replica stops reporting (as when it dies before its partitions find a new owner):
+    // its lag series go stale at once, and the dashboard's lag query keeps each partition's
+    // last value.
+    let lag = format!(
+        "sum(tessel_kafka_consumer_lag_messages{{topic=\"{topic}\"}}) == 0 and count(tessel_kafka_consumer_lag_messages{{topic=\"{topic}\"}}) == 2"
+    );
+    wait_for_async(
+        "both partitions' lag scraped at 0",
+        Duration::from_secs(30),
+        || async { (!prometheus.query(&lag).await?.is_empty()).then_some(()) },
+    )
+    .await;
     let _ = daemon.kill();
     let _ = daemon.wait();
+    let raw = format!("count(tessel_kafka_consumer_lag_messages{{topic=\"{topic}\"}})");
+    wait_for_async(
+        "the stopped replica's lag series to go stale",
+        Duration::from_secs(30),
+        || async { prometheus.query(&raw).await?.is_empty().then_some(()) },
+    )
+    .await;
+    let kept = queries
+        .iter()
+        .find(|(what, _)| {
+            what.starts_with("panel ") && what.contains("Consumer lag by topic (messages)")
+        })
+        .map(|(_, q)| q.clone())
+        .expect("the lag panel");
+    let samples = prometheus.query(&kept).await.unwrap_or_default();
+    let topics: Vec<&str> = samples
+        .iter()
+        .filter_map(|s| s["metric"]["topic"].as_str())
+        .collect();
+    assert_eq!(topics, [topic.as_str()], "{kept}: {samples:?}");
+    let value: f64 = samples[0]["value"][1].as_str().unwrap().parse().unwrap();
+    assert_eq!(value, 0.0, "every record was handled: {samples:?}");
+}
+
+/// The issue's outage: the run dispatcher answers 503 to everything for a minute. The
+/// partition stalls; `/health` and the metrics say so, the stall and dispatcher alerts fire
+/// for the run's namespace, region and connection, and `/readyz` and `/livez` answer 200
+/// throughout. Once the dispatcher is back, every record runs and the connection is healthy.
+#[tokio::test]
+async fn a_dispatcher_down_for_a_minute_fires_alerts_and_leaves_the_probes_up() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rules = rules_holding_for(dir.path(), "5s");
+    let topic = unique("prom-outage");
+    create_topic(&topic, 1).await;
+    let d = dispatcher(Faults::default()).await;
+    let admin = free_port();
+    let toml = connection_toml(&unique("prom-outage-group"), &topic, &d.url(), "")
+        .replace(
+            "drain_timeout_ms = 10000\n",
+            "drain_timeout_ms = 10000\nstall_after_ms = 2000\n",
+        )
+        .replace(
+            "\"auto.offset.reset\" = \"earliest\"\n",
+            "\"auto.offset.reset\" = \"earliest\"\n\"statistics.interval.ms\" = \"500\"\n",
+        );
+    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:{admin}\"\n{toml}"));
+    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let prometheus = Prometheus::start(&format!("127.0.0.1:{admin}"), &rules).await;
+    let get = |path: &'static str| async move {
+        let resp = reqwest::get(format!("http://127.0.0.1:{admin}{path}"))
+            .await
+            .ok()?;
+        let status = resp.status().as_u16();
+        Some((status, resp.json::<Value>().await.ok()?))
+    };
+    super::produce_keyed(&topic, 0, 5, 5).await;
+    wait_for_async("the first records run", Duration::from_secs(60), || async {
+        (d.accepted() == 5).then_some(())
+    })
+    .await;
+
+    d.faults(|f| f.fail_all = Some(503));
+    let down_at = std::time::Instant::now();
+    super::produce_keyed(&topic, 5, 10, 5).await;
+    let mut probes = BTreeMap::new();
+    let (mut stalled, mut fired) = (None, None);
+    while down_at.elapsed() < Duration::from_secs(60) {
+        for path in ["/readyz", "/livez"] {
+            let answer = get(path).await.map(|(status, _)| status);
+            *probes.entry((path, answer)).or_insert(0u32) += 1;
+        }
+        if stalled.is_none() {
+            stalled = get("/health").await.filter(|(status, body)| {
+                *status == 503
+                    && body["connections"][CONNECTION]["stalled_partitions"][format!("{topic}[0]")]
+                        .as_str()
+                        .is_some_and(|r| r.contains("HTTP 503"))
+            });
+        }
+        if fired.is_none() {
+            let firing = prometheus.firing().await.unwrap_or_default();
+            let of = |name: &str| firing.iter().find(|a| a["alertname"] == name).cloned();
+            if let (Some(stall), Some(errors)) = (
+                of("TesselKafkaPartitionStalled"),
+                of("TesselKafkaDispatcherErrors"),
+            ) {
+                fired = Some((stall, errors, down_at.elapsed()));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let stalled_partitions = format!(
+        "sum by (namespace, region, connection) (tessel_kafka_stalled_partitions{{connection=\"{CONNECTION}\"}})"
+    );
+    let stalled_now = prometheus
+        .query(&stalled_partitions)
+        .await
+        .unwrap_or_default();
+    d.faults(|f| f.fail_all = None);
+    wait_for_async(
+        "every record run and the connection healthy",
+        Duration::from_secs(60),
+        || async {
+            let (status, _) = get("/health").await?;
+            (d.accepted() == 10 && status == 200).then_some(())
+        },
+    )
+    .await;
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+
+    assert_eq!(
+        probes.keys().copied().collect::<Vec<_>>(),
+        [("/livez", Some(200)), ("/readyz", Some(200))],
+        "every probe answered 200 during the outage: {probes:?}"
+    );
+    let (_, body) = stalled.expect("/health reported the stall with its reason");
+    assert_eq!(body["status"], "degraded", "{body}");
+    let (stall, errors, after) = fired.expect("the stall and dispatcher alerts fired");
+    eprintln!("alerts fired {after:?} into the outage");
+    for (alert, labels) in [
+        (&stall, vec![("connection", CONNECTION)]),
+        (
+            &errors,
+            vec![("connection", CONNECTION), ("trigger", "main")],
+        ),
+    ] {
+        assert_eq!(alert["namespace"], NAMESPACE, "{alert}");
+        assert_eq!(alert["region"], REGION, "{alert}");
+        for (k, v) in labels {
+            assert_eq!(alert[k], v, "{alert}");
+        }
+    }
+    assert_eq!(stalled_now.len(), 1, "{stalled_now:?}");
+    assert_eq!(stalled_now[0]["value"][1], "1", "{stalled_now:?}");
+    assert_eq!(stalled_now[0]["metric"]["region"], REGION);
 }

@@ -2,7 +2,7 @@
 //! ACLs enforced: a fresh SCRAM user per test holding exactly the product page's ACLs
 //! (READ and DESCRIBE on the consumed topic, READ on the group, WRITE on produced topics),
 //! `tessel-kafka check` naming each missing one, the daemon reporting the same words in
-//! `/readyz`, mTLS, a wrong password without a retry storm, and no secret in any output.
+//! `/health`, mTLS, a wrong password without a retry storm, and no secret in any output.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -200,8 +200,8 @@ retry = {{ initial_backoff_ms = 100, max_backoff_ms = 1000 }}
     )
 }
 
-async fn readyz(port: u16) -> Option<Value> {
-    let resp = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+async fn health(port: u16) -> Option<Value> {
+    let resp = reqwest::get(format!("http://127.0.0.1:{port}/health"))
         .await
         .ok()?;
     resp.json::<Value>().await.ok()
@@ -291,7 +291,7 @@ async fn consumes_over_sasl_ssl_with_exactly_the_product_page_acls_and_produces_
     let no_write = config_text(&p, &group2, &topic, &failing.url(), port, &dl);
     let (mut daemon, log) = start_daemon(&temp_config(&no_write));
     let body = wait_reported(port, &format!("WRITE on topic {dlq}"), &log).await;
-    assert_no_secret("/readyz", &body.to_string(), &secrets);
+    assert_no_secret("/health", &body.to_string(), &secrets);
     assert_nothing_passed(&group2, &topic);
     assert_eq!(high_watermarks(&dlq, 1), vec![0]);
 
@@ -372,8 +372,8 @@ fn assert_nothing_passed(group: &str, topic: &str) {
     );
 }
 
-/// Runs the daemon with `config` until `/readyz` names `wanted` in `missing_permissions`;
-/// returns the readiness body and the daemon's log.
+/// Runs the daemon with `config` until `/health` names `wanted` in `missing_permissions`;
+/// returns the `/health` body and the daemon's log.
 async fn daemon_reports(config: &str, port: u16, wanted: &str) -> (Value, String) {
     let (daemon, log) = start_daemon(&temp_config(config));
     let body = wait_reported(port, wanted, &log).await;
@@ -382,15 +382,15 @@ async fn daemon_reports(config: &str, port: u16, wanted: &str) -> (Value, String
     (body, text)
 }
 
-/// Waits until `/readyz` names `wanted` in `missing_permissions` and the log says `missing
-/// <wanted>`; returns the readiness body. Fails on a secret in the log.
+/// Waits until `/health` names `wanted` in `missing_permissions` and the log says `missing
+/// <wanted>`; returns the `/health` body. Fails on a secret in the log.
 async fn wait_reported(port: u16, wanted: &str, log: &Path) -> Value {
     let started = Instant::now();
     let body = wait_for_async(
-        &format!("/readyz naming {wanted}"),
+        &format!("/health naming {wanted}"),
         Duration::from_secs(90),
         || async {
-            let body = readyz(port).await?;
+            let body = health(port).await?;
             let missing = body["connections"]["it"]["missing_permissions"].as_array()?;
             missing
                 .iter()
@@ -399,8 +399,8 @@ async fn wait_reported(port: u16, wanted: &str, log: &Path) -> Value {
         },
     )
     .await;
-    eprintln!("/readyz named {wanted} after {:?}", started.elapsed());
-    assert_eq!(body["status"], "not_ready", "{body}");
+    eprintln!("/health named {wanted} after {:?}", started.elapsed());
+    assert_eq!(body["status"], "degraded", "{body}");
     let text = wait_for(
         "the log line with the same words",
         Duration::from_secs(30),
@@ -442,18 +442,18 @@ async fn missing_acl_is_named(removed: usize, wanted_of: impl Fn(&str, &str) -> 
 
     let (body, log) = daemon_reports(&config, port, &wanted).await;
     assert_no_secret("daemon log", &log, &secrets);
-    assert_no_secret("/readyz", &body.to_string(), &secrets);
+    assert_no_secret("/health", &body.to_string(), &secrets);
     assert!(d.runs().is_empty(), "nothing may be dispatched");
     assert_nothing_passed(&group, &topic);
 }
 
 #[tokio::test]
-async fn missing_read_on_the_topic_is_named_by_check_and_readyz() {
+async fn missing_read_on_the_topic_is_named_by_check_and_health() {
     missing_acl_is_named(0, |topic, _| format!("READ on topic {topic}")).await;
 }
 
 #[tokio::test]
-async fn missing_read_on_the_group_is_named_by_check_and_readyz() {
+async fn missing_read_on_the_group_is_named_by_check_and_health() {
     missing_acl_is_named(2, |_, group| format!("READ on group {group}")).await;
 }
 
@@ -598,16 +598,16 @@ async fn wrong_password_is_a_clear_authentication_error_without_a_retry_storm() 
 
     let (daemon, log) = start_daemon(&path);
     let body = wait_for_async(
-        "/readyz reporting the authentication failure",
+        "/health reporting the authentication failure",
         Duration::from_secs(60),
         || async {
-            let body = readyz(port).await?;
+            let body = health(port).await?;
             let e = body["connections"]["it"]["kafka_error"].as_str()?;
             e.contains("authentication failed").then_some(body)
         },
     )
     .await;
-    assert_eq!(body["status"], "not_ready");
+    assert_eq!(body["status"], "degraded");
     // Measure reconnect attempts over a fixed window once the failure is established.
     let before = connections.load(Ordering::SeqCst);
     let window = Duration::from_secs(30);
@@ -627,7 +627,7 @@ async fn wrong_password_is_a_clear_authentication_error_without_a_retry_storm() 
         "{text}"
     );
     assert_no_secret("daemon log", &text, &secrets);
-    assert_no_secret("/readyz", &body.to_string(), &secrets);
+    assert_no_secret("/health", &body.to_string(), &secrets);
     assert_no_secret("config check output", &config_check(&path), &secrets);
     assert!(d.runs().is_empty());
 }

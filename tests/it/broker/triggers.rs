@@ -119,8 +119,11 @@ async fn a_filter_starts_exactly_the_matching_runs_and_commits_to_the_end() {
         counts,
         BTreeMap::from([
             ("accepted".to_owned(), 1_000),
+            // Outcomes without a run are exported from the start (at 0 until one happens).
+            ("expired".to_owned(), 0),
             ("filter_error".to_owned(), 1_000),
             ("filtered".to_owned(), 8_000),
+            ("skipped".to_owned(), 0),
         ]),
         "handled records by outcome"
     );
@@ -233,12 +236,20 @@ async fn old_records_are_skipped_or_dead_lettered_with_their_age_and_fresh_ones_
         dead,
         BTreeMap::from([
             ("accepted".to_owned(), 10),
-            ("expired_dead_lettered".to_owned(), 10)
+            ("expired".to_owned(), 0),
+            ("expired_dead_lettered".to_owned(), 10),
+            ("filter_error".to_owned(), 0),
+            ("skipped".to_owned(), 0),
         ])
     );
     assert_eq!(
         skipped,
-        BTreeMap::from([("accepted".to_owned(), 10), ("expired".to_owned(), 10)])
+        BTreeMap::from([
+            ("accepted".to_owned(), 10),
+            ("expired".to_owned(), 10),
+            ("filter_error".to_owned(), 0),
+            ("skipped".to_owned(), 0),
+        ])
     );
 }
 
