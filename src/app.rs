@@ -45,7 +45,7 @@ impl App {
     pub fn build(config: Config) -> Result<Self, SupervisorError> {
         let health = HealthRegistry::default();
         for name in config.connections.keys() {
-            // Every configured connection is in /readyz from the start, not ready until it
+            // Every configured connection is in /health from the start, not healthy until it
             // reports: "ready" must never mean "no connection has said anything yet".
             health.set(name, ConnectionHealth::default());
         }
