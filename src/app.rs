@@ -112,6 +112,7 @@ impl App {
         fleet.apply(&self.config);
         loop {
             tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => break,
                 Some(why) = reload_rx.recv() => {
                     if let Some(path) = &self.source {
@@ -135,8 +136,15 @@ async fn reload(path: &Path, why: &str, produce: &ProduceApi, fleet: &mut Fleet)
     match Config::load(path) {
         Ok(new) => {
             let changes = fleet.apply_plan(&new);
-            tracing::info!(trigger = why, started = ?changes.start, stopped = ?changes.stop,
-                restarted = ?changes.restart, "configuration reloaded");
+            if changes == Changes::default() {
+                tracing::debug!(
+                    trigger = why,
+                    "configuration reloaded: no connection changed"
+                );
+            } else {
+                tracing::info!(trigger = why, started = ?changes.start, stopped = ?changes.stop,
+                    restarted = ?changes.restart, "configuration reloaded");
+            }
             produce.set_config(new.produce.clone());
             fleet.apply(&new);
             metrics::config_reload("ok");
@@ -171,9 +179,11 @@ fn reload_route(reload: mpsc::Sender<&'static str>) -> axum::Router {
     )
 }
 
-/// Watches the directory of `path` (not recursive): an edit, a replacement or a Kubernetes
-/// ConfigMap's `..data` symlink swap all show there. Any event asks for a reload; one waiting
-/// is enough, so events in a burst coalesce.
+/// Watches the directory of `path` (not recursive): an edit, a file renamed over it, or a
+/// Kubernetes ConfigMap's `..data` symlink swap all show there. Only events that name the
+/// file itself, or one of the `..`-prefixed entries a ConfigMap swaps, ask for a reload:
+/// other files of the directory (a log written next to the config) must not. One reload
+/// waiting is enough, so events in a burst coalesce.
 fn watch_config(
     path: &Path,
     reload: mpsc::Sender<&'static str>,
@@ -184,8 +194,12 @@ fn watch_config(
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."))
         .to_owned();
+    let file = path.file_name().map(std::ffi::OsStr::to_owned);
     let handler = move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|e| !e.kind.is_access()) {
+        let Ok(event) = event else {
+            return;
+        };
+        if names_config(&event.paths, file.as_deref()) && !event.kind.is_access() {
             let _ = reload.try_send("config file changed");
         }
     };
@@ -200,6 +214,15 @@ fn watch_config(
             None
         }
     }
+}
+
+/// Whether an event on `paths` concerns the config file named `file`: the file itself, or a
+/// `..`-prefixed entry of a Kubernetes ConfigMap mount (`..data`, `..2026_12_06_...`).
+fn names_config(paths: &[PathBuf], file: Option<&std::ffi::OsStr>) -> bool {
+    paths.iter().any(|p| {
+        p.file_name()
+            .is_some_and(|name| Some(name) == file || name.to_string_lossy().starts_with(".."))
+    })
 }
 
 /// What a connection runs from: its configuration and what the produce API asks of it.
@@ -487,6 +510,23 @@ mod tests {
 
     fn fps(items: &[(&str, u64)]) -> BTreeMap<String, u64> {
         items.iter().map(|(n, f)| ((*n).to_owned(), *f)).collect()
+    }
+
+    #[test]
+    fn only_the_config_file_or_a_configmap_swap_asks_for_a_reload() {
+        let file = Some(std::ffi::OsStr::new("config.toml"));
+        let at = |p: &str| vec![PathBuf::from(p)];
+        assert!(names_config(&at("/etc/tessel/config.toml"), file));
+        assert!(names_config(&at("/etc/tessel/..data"), file));
+        assert!(names_config(
+            &at("/etc/tessel/..2026_12_06_01_00_00.123"),
+            file
+        ));
+        // A log or another file next to the config: no reload (a reload logs, and a log
+        // beside the config once made every log line reload it).
+        assert!(!names_config(&at("/etc/tessel/daemon.log"), file));
+        assert!(!names_config(&at("/etc/tessel/.config.toml.new"), file));
+        assert!(!names_config(&[], file));
     }
 
     #[test]
