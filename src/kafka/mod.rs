@@ -27,6 +27,7 @@ pub mod offsets;
 pub mod partitions;
 mod poll_loop;
 pub mod record_age;
+mod runs;
 pub mod scheduler;
 pub mod security;
 #[cfg(test)]

@@ -7,12 +7,10 @@
 //! out, commits out, pauses and resumes out, and on revoke and shutdown a drain followed by a
 //! synchronous commit.
 
-use futures::FutureExt as _;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::Instrument as _;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
@@ -21,14 +19,14 @@ use thiserror::Error;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::commit_thread::{self, CommitAnswer, CommitBatch};
 use super::committer::Committer;
 use super::context::ConnectorContext;
 use super::monitor::{Monitor, STALL_CHECK};
-use super::partitions::{Actions, Arrival, Limits, PartitionId, PartitionSet, Start, TriggerSlot};
-use super::worker::{self, TriggerRuntime, WorkOutcome};
+use super::partitions::{Actions, Arrival, Limits, PartitionId, PartitionSet, TriggerSlot};
+use super::runs::{RunFinished, Runs, WorkerEvent};
+use super::worker::TriggerRuntime;
 use super::{consumer_config, AssignedPartition, ConsumerEvent, EVENT_CHANNEL};
 use crate::admin::health::{HealthRegistry, Heartbeat};
 use crate::codec::registry::RegistryClient;
@@ -66,38 +64,6 @@ pub enum SupervisorError {
 type Consumer_ = BaseConsumer<ConnectorContext>;
 
 type Trigger = Arc<TriggerRuntime>;
-
-/// What a worker tells the supervisor.
-enum WorkerEvent {
-    /// A started message ended.
-    Finished(Completion),
-    /// A started batch ended.
-    BatchFinished(BatchCompletion),
-    /// A worker of the trigger with this index gave its permit back while it waits to retry:
-    /// other partitions may start.
-    Yielded(usize),
-}
-
-struct Completion {
-    id: PartitionId,
-    generation: u64,
-    /// The trigger's index (its runs-in-flight gauge).
-    trigger: usize,
-    offset: i64,
-    key: Option<Vec<u8>>,
-    outcome: WorkOutcome,
-    /// The message's trace span (disabled unless traces are exported).
-    span: tracing::Span,
-}
-
-/// A batch's end: each record's offset and outcome, in offset order.
-struct BatchCompletion {
-    id: PartitionId,
-    generation: u64,
-    /// The trigger's index (its runs-in-flight gauge).
-    trigger: usize,
-    records: Vec<(i64, WorkOutcome)>,
-}
 
 struct PendingRevoke {
     partitions: Vec<TopicPartition>,
@@ -138,7 +104,8 @@ pub struct ConnectionSupervisor {
     partitions: PartitionSet<Trigger>,
     /// Reused between rounds of [`ConnectionSupervisor::process`].
     actions: Actions<Trigger>,
-    completions_tx: mpsc::UnboundedSender<WorkerEvent>,
+    /// Starts runs; their ends arrive on `completions`.
+    runs: Runs,
     completions: mpsc::UnboundedReceiver<WorkerEvent>,
     /// The commit rule: what to commit and when (see [`super::committer`]).
     committer: Committer,
@@ -149,11 +116,7 @@ pub struct ConnectionSupervisor {
     commit_answers: mpsc::UnboundedReceiver<CommitAnswer>,
     commit_answers_tx: mpsc::UnboundedSender<CommitAnswer>,
     monitor: Monitor,
-    tasks: TaskTracker,
     pending_revoke: Option<PendingRevoke>,
-    /// Each trigger's runs-in-flight gauge, by index; registered when `run` starts (the
-    /// recorder is installed by then).
-    in_flight: Vec<metrics::Gauge>,
     /// Beaten once per turn of the event loop (`/livez`).
     heartbeat: Heartbeat,
     /// Each partition's records received and not yet handled (the lag in seconds).
@@ -301,7 +264,7 @@ impl ConnectionSupervisor {
                 connection: name.to_owned(),
                 source,
             })?;
-        let (completions_tx, completions) = mpsc::unbounded_channel();
+        let (runs, completions) = Runs::new(name, config.group_id());
         let (commit_answers_tx, commit_answers) = mpsc::unbounded_channel();
         Ok(Self {
             name: name.to_owned(),
@@ -318,7 +281,7 @@ impl ConnectionSupervisor {
                 max_tracked_above: super::offsets::MAX_TRACKED_ABOVE,
             }),
             actions: Actions::default(),
-            completions_tx,
+            runs,
             completions,
             committer: Committer::new(COMMIT_INTERVAL, COMMIT_HOLD_LIMIT).with_fallback(),
             holding: false,
@@ -327,9 +290,7 @@ impl ConnectionSupervisor {
             commit_answers_tx,
             heartbeat: health.heartbeat(name),
             monitor: Monitor::new(name, health, registry),
-            tasks: TaskTracker::new(),
             pending_revoke: None,
-            in_flight: Vec::new(),
             unhandled: HashMap::new(),
         })
     }
@@ -384,11 +345,7 @@ impl ConnectionSupervisor {
         });
 
         metrics::register_connection(&self.name, self.triggers.iter().map(|t| t.name.as_str()));
-        self.in_flight = self
-            .triggers
-            .iter()
-            .map(|t| metrics::in_flight_gauge(&self.name, &t.name))
-            .collect();
+        self.runs.register(&self.triggers);
         // The stall check also bounds how long the loop goes without a turn when idle (1 s):
         // the heartbeat below then says whether the loop is wedged (`/livez`).
         let mut stall_check = tokio::time::interval(STALL_CHECK);
@@ -414,7 +371,7 @@ impl ConnectionSupervisor {
                 _ = sleep_until_opt(revoke_deadline) => {}
                 _ = stall_check.tick() => {
                     self.monitor.check(
-                        &self.config, &self.consumer, &mut self.partitions, &self.triggers, &self.tasks,
+                        &self.config, &self.consumer, &mut self.partitions, &self.triggers, &self.runs.tasks,
                     );
                     self.report_lag_seconds();
                 }
@@ -604,56 +561,46 @@ impl ConnectionSupervisor {
 
     fn on_worker_event(&mut self, event: WorkerEvent) {
         match event {
-            WorkerEvent::Finished(c) => self.on_completion(c),
-            WorkerEvent::BatchFinished(c) => self.on_batch_completion(c),
+            WorkerEvent::Finished(f) => self.on_run_finished(f),
             WorkerEvent::Yielded(trigger) => self.partitions.wake_starved(trigger),
         }
     }
 
-    fn on_completion(&mut self, c: Completion) {
-        self.in_flight_add(c.trigger, -1.0);
-        let handled = c.outcome.is_handled();
-        c.span.record("tessel.outcome", c.outcome.label());
-        if self
-            .partitions
-            .on_completion(c.id, c.generation, &c.key, c.offset, handled)
-            .is_none()
-            || !handled
-        {
-            return;
-        }
-        if let Some(p) = self.partitions.get(c.id) {
-            p.trigger.runtime.metrics().handled(c.outcome.label());
-        }
-        if !c.span.is_disabled() {
-            let _commit = tracing::info_span!(
-                target: crate::telemetry::trace::TARGET,
-                parent: &c.span,
-                "commit",
-                messaging.kafka.offset = c.offset,
-            )
-            .entered();
-        }
-    }
-
-    fn on_batch_completion(&mut self, c: BatchCompletion) {
-        self.in_flight_add(c.trigger, -(c.records.len() as f64));
-        let handled: Vec<(i64, bool)> = c
+    fn on_run_finished(&mut self, f: RunFinished) {
+        self.runs
+            .in_flight_add(f.trigger, -(f.records.len() as f64));
+        let handled: Vec<(i64, bool)> = f
             .records
             .iter()
             .map(|(offset, outcome)| (*offset, outcome.is_handled()))
             .collect();
-        if self
-            .partitions
-            .on_batch_completion(c.id, c.generation, &handled)
-            .is_none()
-        {
+        let known = if f.batch {
+            self.partitions
+                .on_batch_completion(f.id, f.generation, &handled)
+        } else {
+            let (offset, handled) = handled[0];
+            self.partitions
+                .on_completion(f.id, f.generation, &f.key, offset, handled)
+        };
+        if known.is_none() {
             return;
         }
-        if let Some(p) = self.partitions.get(c.id) {
+        if let Some(p) = self.partitions.get(f.id) {
             let metrics = p.trigger.runtime.metrics();
-            for (_, outcome) in c.records.iter().filter(|(_, o)| o.is_handled()) {
+            for (_, outcome) in f.records.iter().filter(|(_, o)| o.is_handled()) {
                 metrics.handled(outcome.label());
+            }
+        }
+        for (offset, outcome) in &f.records {
+            f.span.record("tessel.outcome", outcome.label());
+            if outcome.is_handled() && !f.span.is_disabled() {
+                let _commit = tracing::info_span!(
+                    target: crate::telemetry::trace::TARGET,
+                    parent: &f.span,
+                    "commit",
+                    messaging.kafka.offset = offset,
+                )
+                .entered();
             }
         }
     }
@@ -687,7 +634,7 @@ impl ConnectionSupervisor {
         let mut actions = std::mem::take(&mut self.actions);
         self.partitions.process(Instant::now(), &mut actions);
         for start in actions.starts.drain(..) {
-            self.spawn_run(start);
+            self.runs.spawn(start);
         }
         let changed = !actions.pause.is_empty() || !actions.resume.is_empty();
         for (list, pause) in [(&mut actions.pause, true), (&mut actions.resume, false)] {
@@ -706,81 +653,6 @@ impl ConnectionSupervisor {
         self.actions = actions;
     }
 
-    /// Starts one run on the runtime.
-    fn spawn_run(&mut self, start: Start<Trigger>) {
-        if !start.batch.is_empty() || start.trigger.config.batch.is_some() {
-            self.spawn_batch(start);
-            return;
-        }
-        let Start {
-            id,
-            generation,
-            key,
-            msg,
-            batch: _,
-            permit,
-            trigger,
-            trigger_index,
-            drain,
-            cancel,
-        } = start;
-        let span = crate::telemetry::trace::message_span(
-            &self.name,
-            self.config.group_id(),
-            &trigger.name,
-            &msg,
-        );
-        let completion = Completion {
-            id,
-            generation,
-            trigger: trigger_index,
-            offset: msg.offset(),
-            key,
-            outcome: WorkOutcome::Abandoned,
-            span: span.clone(),
-        };
-        let done = self.completions_tx.clone();
-        let yielded = {
-            let tx = self.completions_tx.clone();
-            move || {
-                let _ = tx.send(WorkerEvent::Yielded(trigger_index));
-            }
-        };
-        self.in_flight_add(trigger_index, 1.0);
-        drop(self.tasks.spawn(async move {
-            let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
-            let (topic, partition, offset) = (msg.topic().to_owned(), msg.partition(), msg.offset());
-            // The worker contains panics of an attempt itself; this catches one in its own
-            // bookkeeping, so that the completion is always sent and the key never stays in
-            // flight. The record is then abandoned: not committed, offered again after the
-            // next rebalance or restart.
-            // Boxed: the worker's future is 3.4 KB, and the task around it (span, panic guard)
-            // was 7.3 KB, copied whole on every spawn; now the task is 448 bytes (memmove
-            // went from 5.4% to 3.9% of the connector's CPU).
-            let work = Box::pin(worker::process(
-                trigger,
-                msg,
-                Some(permit),
-                drain,
-                cancel,
-                yielded,
-            ));
-            let outcome = std::panic::AssertUnwindSafe(work.instrument(span))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|_| {
-                metrics::worker_panic(&connection, &name);
-                tracing::error!(connection = %connection, trigger = %name, topic = %topic,
-                    partition, offset, "worker panicked outside an attempt; the record is left uncommitted");
-                WorkOutcome::Abandoned
-            });
-            let _ = done.send(WorkerEvent::Finished(Completion {
-                outcome,
-                ..completion
-            }));
-        }));
-    }
-
     /// Starts the batches of `tps` (None: all) waiting for their bounds, before a revoke or
     /// the shutdown drains them.
     fn flush_batches(&mut self, tps: Option<&[TopicPartition]>) {
@@ -790,86 +662,9 @@ impl ConnectionSupervisor {
             tracing::info!(connection = %self.name, batches = actions.starts.len(), "sending the batches waiting in partitions being drained");
         }
         for start in actions.starts.drain(..) {
-            self.spawn_run(start);
+            self.runs.spawn(start);
         }
         self.actions = actions;
-    }
-
-    /// Starts one batch on the runtime.
-    fn spawn_batch(&mut self, start: Start<Trigger>) {
-        let Start {
-            id,
-            generation,
-            msg,
-            batch,
-            permit,
-            trigger,
-            trigger_index,
-            drain,
-            cancel,
-            ..
-        } = start;
-        let mut msgs = Vec::with_capacity(batch.len() + 1);
-        msgs.push(msg);
-        msgs.extend(batch);
-        let offsets: Vec<i64> = msgs.iter().map(|m| m.offset()).collect();
-        let span = crate::telemetry::trace::batch_span(
-            &self.name,
-            self.config.group_id(),
-            &trigger.name,
-            &msgs,
-        );
-        let done = self.completions_tx.clone();
-        let yielded = {
-            let tx = self.completions_tx.clone();
-            move || {
-                let _ = tx.send(WorkerEvent::Yielded(trigger_index));
-            }
-        };
-        self.in_flight_add(trigger_index, offsets.len() as f64);
-        drop(self.tasks.spawn(async move {
-            let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
-            let first = offsets.first().copied().unwrap_or_default();
-            // The batch worker contains panics of decoding itself; this catches one in its
-            // own bookkeeping, so that the completion is always sent. The records are then
-            // abandoned: not committed, offered again after the next rebalance or restart.
-            let outcomes = std::panic::AssertUnwindSafe(
-                super::batch_worker::process(trigger, msgs, permit, drain, cancel, yielded)
-                    .instrument(span),
-            )
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|_| {
-                metrics::worker_panic(&connection, &name);
-                tracing::error!(connection = %connection, trigger = %name, first_offset = first,
-                    "batch worker panicked; the batch is left uncommitted");
-                Vec::new()
-            });
-            let records = offsets
-                .iter()
-                .enumerate()
-                .map(|(i, o)| {
-                    (
-                        *o,
-                        outcomes.get(i).copied().unwrap_or(WorkOutcome::Abandoned),
-                    )
-                })
-                .collect();
-            let _ = done.send(WorkerEvent::BatchFinished(BatchCompletion {
-                id,
-                generation,
-                trigger: trigger_index,
-                records,
-            }));
-        }));
-    }
-
-    /// Moves the runs-in-flight gauge of the trigger with this index by `delta` (runs start
-    /// and end only after `run` registered the gauges).
-    fn in_flight_add(&self, trigger: usize, delta: f64) {
-        if let Some(g) = self.in_flight.get(trigger) {
-            g.increment(delta);
-        }
     }
 
     /// Reports each assigned partition's lag in seconds: the age of its oldest record
@@ -1098,7 +893,7 @@ impl ConnectionSupervisor {
         }
         self.consumer.context().set_closing();
         stop.store(true, AtomicOrdering::SeqCst);
-        self.tasks.close();
+        self.runs.tasks.close();
         // The poll thread must hold the last reference so that closing (which may run
         // callbacks) happens off the runtime.
         drop(self.consumer);
