@@ -19,7 +19,7 @@ pub struct ConnectionConfig {
     /// `bootstrap.servers`, `security.protocol`, `sasl.mechanism`, `sasl.username`,
     /// `sasl.password`, `group.id`, `auto.offset.reset`, `ssl.ca.location`, ...
     /// `bootstrap.servers` is required, and `group.id` when the connection has triggers. The
-    /// connector sets `enable.auto.offset.store=false`, `enable.auto.commit=true` and
+    /// connector sets `enable.auto.offset.store=false`, `enable.auto.commit=false` and
     /// `isolation.level=read_committed` itself (docs/configuration.md lists what it sets).
     /// Schema Registry client properties pasted with them from a console's snippet
     /// (`schema.registry.url`, `basic.auth.credentials.source`, `basic.auth.user.info`,
@@ -59,18 +59,13 @@ pub struct ConnectionConfig {
     /// paused. Default 67108864 (64 MiB).
     #[serde(default = "default_max_buffered_bytes")]
     pub max_buffered_bytes: usize,
-    /// How offsets are committed while the consumer's own commits cannot reach the broker
-    /// (classic protocol: a member's requests are answered in order, and its JoinGroup waits
-    /// until every member rejoined or a dead one's session expired, so commits sent behind it
-    /// wait as well). `"transactional"` (default) commits the same offsets through a
-    /// transactional producer of the connection with the group's generation and member id
-    /// (`sendOffsetsToTransaction`, KIP-447), so runs accepted during a rebalance are
-    /// committed; it needs WRITE and DESCRIBE on the transactional ids
-    /// `tessel-kafka-commits-<group.id>-…` (a prefixed ACL) and is unused with
-    /// `group.protocol = "consumer"`. Where the principal lacks them the connector says so at
-    /// start and commits only the usual way. `"off"` disables it.
-    #[serde(default)]
-    pub commit_fallback: CommitFallback,
+    /// Removed. A transactional producer used to commit the same offsets while the
+    /// consumer's own commits waited behind a rejoin; its writes and the consumer's could
+    /// land out of order and move a partition's committed offset back, so every commit now
+    /// goes through the consumer, in order. Still accepted (`"transactional"` or `"off"`) so
+    /// that existing files load; ignored, with a warning at start.
+    #[serde(default, skip_serializing)]
+    pub commit_fallback: Option<CommitFallback>,
     /// Amazon MSK IAM credentials and region, used with `"sasl.mechanism" = "AWS_MSK_IAM"`
     /// (see [`AwsIamConfig`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,14 +79,13 @@ pub struct ConnectionConfig {
     pub notices: Vec<String>,
 }
 
-/// See [`ConnectionConfig::commit_fallback`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// The values [`ConnectionConfig::commit_fallback`] accepted (removed; ignored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CommitFallback {
-    /// Commit through a transactional producer while the consumer's commits wait.
-    #[default]
+    /// Was the default.
     Transactional,
-    /// Only the consumer's own commits.
+    /// Was the way to turn it off.
     Off,
 }
 
@@ -193,8 +187,8 @@ const OWNED_PROPERTIES: &[(&str, &str, &str)] = &[
     ),
     (
         "enable.auto.commit",
-        "true",
-        "the connector commits stored offsets in the background and on revoke and shutdown",
+        "false",
+        "the connector commits itself, in order, only what was accepted (on its commit thread, and on revoke and shutdown)",
     ),
 ];
 

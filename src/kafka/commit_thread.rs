@@ -1,8 +1,8 @@
 //! The consumer calls of the commit rule ([`super::committer`] decides, this sends): the
 //! connection's commit thread, which commits batches synchronously one request at a time off
-//! the runtime and reports the broker's verdict; the fallback thread, which commits the same
-//! way through a transactional producer while the consumer's commits wait behind a rejoin
-//! (rule 6 of the commit rule); and the final synchronous commit of a revoke or shutdown.
+//! the runtime and reports the broker's verdict, and the final synchronous commit of a revoke
+//! or shutdown, which goes out only once the thread's request was answered (rule 6 of the
+//! commit rule: one path).
 
 use std::sync::Arc;
 
@@ -10,42 +10,13 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use super::committer::CommitResult;
 use super::context::ConnectorContext;
-use super::security::{MskIamSigner, SecurityContext};
-use crate::config::ConnectionConfig;
 use crate::dispatch::event::TopicPartition;
 use crate::telemetry::metrics;
-
-/// What the commit threads answer.
-#[derive(Debug)]
-pub enum CommitAnswer {
-    /// The consumer's commit request was answered.
-    Consumer(Vec<CommitResult>),
-    /// The fallback's commit was answered.
-    Fallback(Vec<CommitResult>),
-    /// The fallback cannot be used (why); its thread has ended.
-    FallbackUnavailable(String),
-}
-
-/// The transactional ids of the fallback start with this (for a prefixed ACL).
-pub const FALLBACK_ID_PREFIX: &str = "tessel-kafka-commits-";
-
-/// How long one call of the fallback's transaction may take.
-const FALLBACK_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The fallback's `transaction.timeout.ms`. A replica that dies between committing offsets
-/// in a transaction and ending it leaves them pending, and a read_committed consumer reading
-/// the group's offsets of those partitions (the next owner) waits until the coordinator
-/// aborts the transaction: this long, plus up to its cleanup interval
-/// (`transaction.abort.timed.out.transaction.cleanup.interval.ms`, 10 s by default). Its
-/// transactions take milliseconds, so a short timeout keeps that wait short; the dead
-/// member's partitions wait for its session to expire meanwhile anyway.
-const FALLBACK_TRANSACTION_TIMEOUT_MS: u32 = 5_000;
 
 type Consumer_ = BaseConsumer<ConnectorContext>;
 
@@ -59,7 +30,7 @@ pub type CommitBatch = Vec<(TopicPartition, i64, String)>;
 pub fn spawn(
     connection: &str,
     consumer: Arc<Consumer_>,
-    answers: mpsc::UnboundedSender<CommitAnswer>,
+    answers: mpsc::UnboundedSender<Vec<CommitResult>>,
 ) -> std::io::Result<(
     std::sync::mpsc::Sender<CommitBatch>,
     std::thread::JoinHandle<()>,
@@ -82,91 +53,11 @@ pub fn spawn(
                 if let Some(reason) = &refused {
                     tracing::debug!(connection = %name, error = %reason, "offset commit refused");
                 }
-                if answers
-                    .send(CommitAnswer::Consumer(results(batch, refused)))
-                    .is_err()
-                {
+                if answers.send(results(batch, refused)).is_err() {
                     break;
                 }
             }
             drop(consumer);
-        })?;
-    Ok((tx, handle))
-}
-
-/// Starts the connection's fallback thread: a transactional producer of its own
-/// (`transactional.id` = [`FALLBACK_ID_PREFIX`]`<group.id>-<random>`, unique per process, so
-/// replicas never fence each other; the group's generation fences stale members instead) that
-/// commits each batch with `sendOffsetsToTransaction` and the consumer's current group
-/// metadata, in one transaction per batch. The producer is made ready at once
-/// (`initTransactions`); where that fails (typically no WRITE on the transactional id) the
-/// thread answers [`CommitAnswer::FallbackUnavailable`] and ends. It ends when the request
-/// sender is dropped.
-pub fn spawn_fallback(
-    connection: &str,
-    config: &ConnectionConfig,
-    signer: Option<Arc<MskIamSigner>>,
-    consumer: Arc<Consumer_>,
-    answers: mpsc::UnboundedSender<CommitAnswer>,
-) -> std::io::Result<(
-    std::sync::mpsc::Sender<CommitBatch>,
-    std::thread::JoinHandle<()>,
-)> {
-    let (tx, rx) = std::sync::mpsc::channel::<CommitBatch>();
-    let name = connection.to_owned();
-    let group = config.kafka.get("group.id").cloned().unwrap_or_default();
-    let mut client = crate::produce::producer::producer_config(connection, config);
-    let _ = client
-        .set(
-            "transactional.id",
-            format!("{FALLBACK_ID_PREFIX}{group}-{:016x}", rand::random::<u64>()),
-        )
-        .set(
-            "transaction.timeout.ms",
-            FALLBACK_TRANSACTION_TIMEOUT_MS.to_string(),
-        )
-        // It writes no records; librdkafka wants it no longer than the transaction timeout.
-        .set(
-            "message.timeout.ms",
-            FALLBACK_TRANSACTION_TIMEOUT_MS.to_string(),
-        )
-        .set("client.id", format!("tessel-kafka-{connection}-commits"));
-    let handle = std::thread::Builder::new()
-        .name(format!("kafka-commit-fallback-{connection}"))
-        .spawn(move || {
-            let ready = client
-                .create_with_context::<_, FutureProducer<SecurityContext>>(SecurityContext::new(
-                    &name, signer,
-                ))
-                .and_then(|p| p.init_transactions(Duration::from_secs(30)).map(|()| p));
-            let producer = match ready {
-                Ok(p) => p,
-                Err(e) => {
-                    let _ = answers.send(CommitAnswer::FallbackUnavailable(e.to_string()));
-                    return;
-                }
-            };
-            while let Ok(batch) = rx.recv() {
-                let tpl = tpl_of(&batch);
-                let refused = match commit_in_transaction(&producer, &consumer, &tpl) {
-                    Ok(()) => None,
-                    Err(e) if is_fatal(&e) => {
-                        let _ = answers.send(CommitAnswer::FallbackUnavailable(e.to_string()));
-                        return;
-                    }
-                    Err(e) => Some(e.to_string()),
-                };
-                metrics::fallback_commit(&name, refused.is_none());
-                if let Some(reason) = &refused {
-                    tracing::debug!(connection = %name, error = %reason, "offset commit through the fallback refused");
-                }
-                if answers
-                    .send(CommitAnswer::Fallback(results(batch, refused)))
-                    .is_err()
-                {
-                    break;
-                }
-            }
         })?;
     Ok((tx, handle))
 }
@@ -184,38 +75,7 @@ fn results(batch: CommitBatch, refused: Option<String>) -> Vec<CommitResult> {
         .collect()
 }
 
-/// Commits `tpl` for the consumer's group, generation and member in one transaction; an
-/// abortable failure (a stale generation: the group moved on) aborts it.
-fn commit_in_transaction(
-    producer: &FutureProducer<SecurityContext>,
-    consumer: &Consumer_,
-    tpl: &TopicPartitionList,
-) -> Result<(), KafkaError> {
-    let Some(group) = consumer.group_metadata() else {
-        return Err(KafkaError::ConsumerCommit(
-            rdkafka::types::RDKafkaErrorCode::InvalidGroupId,
-        ));
-    };
-    producer.begin_transaction()?;
-    let result = producer
-        .send_offsets_to_transaction(tpl, &group, FALLBACK_TIMEOUT)
-        .and_then(|()| producer.commit_transaction(FALLBACK_TIMEOUT));
-    if let Err(e) = &result {
-        if !is_fatal(e) {
-            if let Err(abort) = producer.abort_transaction(FALLBACK_TIMEOUT) {
-                tracing::debug!(error = %abort, "aborting the fallback's transaction failed");
-                return Err(abort);
-            }
-        }
-    }
-    result
-}
-
-fn is_fatal(e: &KafkaError) -> bool {
-    matches!(e, KafkaError::Transaction(err) if err.is_fatal())
-}
-
-/// The partition list of `batch`, offsets and metadata set.
+/// The request of `batch`.
 fn tpl_of(batch: &CommitBatch) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::with_capacity(batch.len());
     for (tp, offset, metadata) in batch {
@@ -270,7 +130,7 @@ pub fn refused_for_now(e: &KafkaError) -> bool {
     )
 }
 
-/// Stores and synchronously commits `commits` (a revoke's last word), off the runtime.
+/// Synchronously commits `commits` (a revoke's last word), off the runtime.
 pub async fn commit_sync(connection: &str, consumer: &Arc<Consumer_>, commits: CommitBatch) {
     commit_sync_retrying(connection, consumer, commits, None).await;
 }
@@ -294,13 +154,7 @@ pub async fn commit_sync_retrying(
         tries += 1;
         let tpl = tpl_of(&commits);
         let c = Arc::clone(consumer);
-        // Store first: librdkafka commits stored offsets again on close, and an older stored
-        // offset must not replace this commit.
-        let result = tokio::task::spawn_blocking(move || {
-            c.store_offsets(&tpl)?;
-            c.commit(&tpl, CommitMode::Sync)
-        })
-        .await;
+        let result = tokio::task::spawn_blocking(move || c.commit(&tpl, CommitMode::Sync)).await;
         match result {
             Ok(Ok(())) => {
                 metrics::commit(connection, true);

@@ -19,20 +19,15 @@
 //!    broker refusing commits for ever does not stop dispatching for ever.
 //! 5. On revoke and shutdown the supervisor commits synchronously what the tracker holds then
 //!    (the latest state) and forgets the partition here.
-//! 6. The fallback (classic protocol). The broker answers a member's requests in order, and a
-//!    rejoining member's JoinGroup is answered only when every member rejoined or a dead
-//!    one's session expired: commits sent behind it wait as long (seconds, up to the session
-//!    timeout), and a crash then would offer every run accepted meanwhile again. When a request
-//!    is unanswered for [`FALLBACK_AFTER`], or the broker refuses commits, the wanted commits
-//!    also go out through the fallback (a transactional producer committing them with the
-//!    group's generation and member id, on connections of its own); a commit the fallback
-//!    confirms is no longer wanted. The two paths' writes can land in another order than their
-//!    answers, so when the consumer's request is answered, what the fallback confirmed
-//!    meanwhile is committed once more through the consumer. With a working fallback, new runs
-//!    wait only while some
-//!    wanted commit has gone unconfirmed for [`UNANSWERED_HOLD`]. A confirmation older than
-//!    one already confirmed (answers can cross) makes the newer one wanted again, so the
-//!    group's commit never ends up behind what was confirmed.
+//! 6. One path. Every commit goes out through the commit thread, one request at a time, and
+//!    the final commit of a revoke or shutdown only once the request out was answered:
+//!    librdkafka's auto-commit is off and nothing else writes the group's offsets, so the
+//!    broker applies this member's commits in the order they were decided, and a live
+//!    member's committed offset never moves back. (A transactional fallback, which committed
+//!    the same offsets through a producer while the consumer's commits waited behind a
+//!    rejoin, was removed: its writes and the consumer's could land out of order, and the
+//!    chaos test saw a partition's committed offset move back. See docs/delivery.md for the
+//!    assignment to use instead.)
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -48,9 +43,6 @@ pub const RESEND_AFTER: Duration = Duration::from_secs(1);
 /// gone or the group is between generations).
 pub const UNANSWERED_HOLD: Duration = Duration::from_millis(500);
 
-/// A request unanswered this long also goes out through the fallback.
-pub const FALLBACK_AFTER: Duration = Duration::from_millis(150);
-
 /// First wait before a refused commit is sent again; doubles up to [`RETRY_MAX`].
 const RETRY_INITIAL: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(1);
@@ -59,8 +51,6 @@ const RETRY_MAX: Duration = Duration::from_secs(1);
 struct Wanted {
     offset: i64,
     metadata: String,
-    /// Since when this partition has had a commit wanted and none confirmed.
-    since: Instant,
     /// When it was last sent (None: not yet).
     sent_at: Option<Instant>,
     /// Not before this instant (after a refusal).
@@ -95,21 +85,8 @@ pub struct Committer {
     last_refusal: Option<String>,
     /// Since when the last request is out without an answer (one request at a time).
     in_flight_since: Option<Instant>,
-    /// The last offset and metadata confirmed per partition (by either path).
+    /// The last offset and metadata confirmed per partition.
     confirmed: HashMap<TopicPartition, (i64, String)>,
-    /// Partitions the fallback confirmed while the consumer's request was out: their latest
-    /// state is committed once more through the consumer when that request is answered.
-    settle: std::collections::HashSet<TopicPartition>,
-    fallback: Fallback,
-}
-
-/// The state of the fallback path (see the module documentation, rule 6).
-#[derive(Debug, Default)]
-struct Fallback {
-    enabled: bool,
-    /// Since when its request is out (one at a time).
-    in_flight_since: Option<Instant>,
-    last_send: Option<Instant>,
 }
 
 impl Committer {
@@ -125,35 +102,17 @@ impl Committer {
             last_refusal: None,
             in_flight_since: None,
             confirmed: HashMap::new(),
-            settle: std::collections::HashSet::new(),
-            fallback: Fallback::default(),
         }
     }
 
-    /// Commits may also go out through the fallback path ([`Committer::take_fallback`]).
-    pub fn with_fallback(mut self) -> Self {
-        self.fallback.enabled = true;
-        self
-    }
-
-    /// The fallback path cannot be used (not permitted, or failed for good): only the
-    /// consumer's own commits from now on.
-    pub fn fallback_unavailable(&mut self) {
-        self.fallback = Fallback::default();
-    }
-
     /// The tracker of `tp` has a new commit offset.
-    pub fn want(&mut self, now: Instant, tp: TopicPartition, offset: i64, metadata: String) {
-        let (since, not_before) = self
-            .wanted
-            .get(&tp)
-            .map_or((now, None), |w| (w.since, w.not_before));
+    pub fn want(&mut self, tp: TopicPartition, offset: i64, metadata: String) {
+        let not_before = self.wanted.get(&tp).and_then(|w| w.not_before);
         let _ = self.wanted.insert(
             tp,
             Wanted {
                 offset,
                 metadata,
-                since,
                 sent_at: None,
                 not_before,
             },
@@ -165,7 +124,6 @@ impl Committer {
     pub fn forget(&mut self, tp: &TopicPartition) {
         let _ = self.wanted.remove(tp);
         let _ = self.confirmed.remove(tp);
-        let _ = self.settle.remove(tp);
         if self.wanted.is_empty() {
             self.refusing_since = None;
             self.refusals = 0;
@@ -208,91 +166,9 @@ impl Committer {
         self.in_flight_since.is_none() && self.last_send.is_none_or(|l| now >= l + self.interval)
     }
 
-    /// Whether the consumer's commits are stuck: the broker refuses them, or a request has
-    /// been unanswered for [`FALLBACK_AFTER`].
-    fn stuck(&self, now: Instant) -> bool {
-        self.refusing_since.is_some()
-            || self
-                .in_flight_since
-                .is_some_and(|s| now.saturating_duration_since(s) >= FALLBACK_AFTER)
-    }
-
-    /// When the fallback could send next (None: disabled, or its request is out).
-    fn fallback_slot(&self, now: Instant) -> Option<Instant> {
-        if !self.fallback.enabled || self.fallback.in_flight_since.is_some() {
-            return None;
-        }
-        let after_interval = self.fallback.last_send.map_or(now, |l| l + self.interval);
-        let stuck_at = match (self.refusing_since, self.in_flight_since) {
-            (Some(_), _) => now,
-            (None, Some(s)) => s + FALLBACK_AFTER,
-            (None, None) => return None,
-        };
-        Some(after_interval.max(stuck_at))
-    }
-
-    /// Whether new commit offsets should be taken now: a request may go out on either path.
-    pub fn can_take(&self, now: Instant) -> bool {
-        self.can_send(now) || self.fallback_slot(now).is_some_and(|at| now >= at)
-    }
-
-    /// When new commit offsets can next be taken (for the caller's timer).
-    pub fn next_take(&self, now: Instant) -> Option<Instant> {
-        match (self.next_slot(now), self.fallback_slot(now)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    /// When the fallback has something to send next, if it would send.
-    pub fn next_fallback_due(&self, now: Instant) -> Option<Instant> {
-        if self.wanted.is_empty() {
-            return None;
-        }
-        self.fallback_slot(now)
-    }
-
-    /// The wanted commits to send through the fallback now (the latest state of every
-    /// partition with a wanted commit), when the consumer's commits are stuck; marks the
-    /// fallback's request as out.
-    pub fn take_fallback(&mut self, now: Instant) -> Vec<(TopicPartition, i64, String)> {
-        if self.wanted.is_empty() || self.fallback_slot(now).is_none_or(|at| now < at) {
-            return Vec::new();
-        }
-        if !self.stuck(now) {
-            return Vec::new();
-        }
-        self.fallback.in_flight_since = Some(now);
-        self.fallback.last_send = Some(now);
-        self.wanted
-            .iter()
-            .map(|(tp, w)| (tp.clone(), w.offset, w.metadata.clone()))
-            .collect()
-    }
-
-    /// Whether the fallback's request is out. A revoke's final commit waits for its answer:
-    /// it travels on other connections than the consumer's, and landing after the final
-    /// commit it would move the group's offset back (the member's generation is still valid
-    /// until it rejoins).
-    pub fn fallback_busy(&self) -> bool {
-        self.fallback.in_flight_since.is_some()
-    }
-
-    /// The fallback's answer to its request: confirmed commits are no longer wanted. A
-    /// refusal there says nothing about the consumer's path and holds nothing by itself.
-    pub fn on_fallback_answer(&mut self, now: Instant, results: &[CommitResult]) {
-        self.fallback.in_flight_since = None;
-        for r in results.iter().filter(|r| r.refused.is_none()) {
-            if self.in_flight_since.is_some() {
-                let _ = self.settle.insert(r.tp.clone());
-            }
-            self.confirm(now, r);
-        }
-    }
-
     /// `r` was committed: its commit is no longer wanted if it is the latest one, and a
     /// confirmation older than one confirmed before makes that newer one wanted again.
-    fn confirm(&mut self, now: Instant, r: &CommitResult) {
+    fn confirm(&mut self, r: &CommitResult) {
         // A partition this member does not hold (never wanted in this assignment, or
         // forgotten on revoke): a late answer, say to the revoke's final commit, must not
         // bring its commit state back, or a later assignment could commit the old offset
@@ -307,18 +183,8 @@ impl Committer {
         if confirmed {
             let _ = self.wanted.remove(&r.tp);
         }
-        let advances = self
-            .confirmed
-            .get(&r.tp)
-            .is_none_or(|(offset, _)| r.offset > *offset);
-        if advances {
-            // Progress: what is still wanted has waited only since now.
-            if let Some(w) = self.wanted.get_mut(&r.tp) {
-                w.since = now;
-            }
-        }
         match self.confirmed.get(&r.tp) {
-            Some((newer, _)) if *newer > r.offset => self.want_confirmed_again(now, &r.tp),
+            Some((newer, _)) if *newer > r.offset => self.want_confirmed_again(&r.tp),
             _ => {
                 let _ = self
                     .confirmed
@@ -370,17 +236,10 @@ impl Committer {
     pub fn on_answer(&mut self, now: Instant, results: &[CommitResult]) {
         self.in_flight_since = None;
         self.on_results(now, results);
-        // The group keeps whichever commit the broker wrote last, and the two paths' writes
-        // can land in another order than their answers (a consumer request written after a
-        // transaction's offsets keeps its older offset): the consumer's path has the last
-        // word on what the fallback confirmed meanwhile.
-        for tp in std::mem::take(&mut self.settle) {
-            self.want_confirmed_again(now, &tp);
-        }
     }
 
     /// Wants the last confirmed commit of `tp` once more, unless a newer one is wanted.
-    fn want_confirmed_again(&mut self, now: Instant, tp: &TopicPartition) {
+    fn want_confirmed_again(&mut self, tp: &TopicPartition) {
         if self.wanted.contains_key(tp) {
             return;
         }
@@ -390,7 +249,6 @@ impl Committer {
                 Wanted {
                     offset,
                     metadata,
-                    since: now,
                     sent_at: None,
                     not_before: None,
                 },
@@ -398,14 +256,14 @@ impl Committer {
         }
     }
 
-    /// The broker's answers (from the commit callback, for our commits and librdkafka's).
-    pub fn on_results(&mut self, now: Instant, results: &[CommitResult]) {
+    /// The broker's answers, per partition.
+    fn on_results(&mut self, now: Instant, results: &[CommitResult]) {
         for r in results {
             match &r.refused {
                 None => {
                     self.refusing_since = None;
                     self.refusals = 0;
-                    self.confirm(now, r);
+                    self.confirm(r);
                 }
                 // A refusal for a partition with no commit wanted (forgotten on revoke since
                 // the request went out) says nothing of this member's commits now: counting
@@ -432,8 +290,7 @@ impl Committer {
     }
 
     /// Whether new runs should wait: the broker is refusing commits (or a request has been
-    /// unanswered for [`UNANSWERED_HOLD`]), since less than `max_hold`; with the fallback,
-    /// only while some wanted commit has gone unconfirmed that long as well.
+    /// unanswered for [`UNANSWERED_HOLD`]), since less than `max_hold`.
     pub fn holding(&self, now: Instant) -> bool {
         let since = match (self.refusing_since, self.in_flight_since) {
             (Some(r), _) => Some(r),
@@ -442,14 +299,7 @@ impl Committer {
             }
             _ => None,
         };
-        if since.is_none_or(|since| now.saturating_duration_since(since) >= self.max_hold) {
-            return false;
-        }
-        !self.fallback.enabled
-            || self
-                .wanted
-                .values()
-                .any(|w| now.saturating_duration_since(w.since) >= UNANSWERED_HOLD)
+        since.is_some_and(|since| now.saturating_duration_since(since) < self.max_hold)
     }
 
     /// Since when commits have been refused, and the last reason.
@@ -496,15 +346,15 @@ mod tests {
     fn sends_at_most_every_interval_and_batches_partitions() {
         let mut c = Committer::new(TICK, Duration::from_secs(30));
         let t0 = Instant::now();
-        c.want(t0, tp(0), 5, String::new());
-        c.want(t0, tp(1), 7, String::new());
+        c.want(tp(0), 5, String::new());
+        c.want(tp(1), 7, String::new());
         let mut first = c.take_due(t0);
         first.sort_by_key(|x| x.0.partition);
         assert_eq!(
             first,
             vec![(tp(0), 5, String::new()), (tp(1), 7, String::new())]
         );
-        c.want(t0, tp(0), 6, String::new());
+        c.want(tp(0), 6, String::new());
         assert!(c.take_due(t0 + TICK).is_empty(), "one request at a time");
         assert_eq!(c.next_due(), None);
         c.on_answer(t0 + Duration::from_millis(3), &[ok(0, 5), ok(1, 7)]);
@@ -521,7 +371,7 @@ mod tests {
     fn a_refusal_for_a_revoked_partition_holds_nothing() {
         let mut c = Committer::new(TICK, Duration::from_secs(30));
         let t0 = Instant::now();
-        c.want(t0, tp(0), 9, String::new());
+        c.want(tp(0), 9, String::new());
         let _ = c.take_due(t0);
         c.forget(&tp(0));
         // The request is refused (the rebalance that revoked it) after the revoke.
@@ -534,7 +384,7 @@ mod tests {
     fn no_commit_state_survives_a_revoke_even_when_an_answer_arrives_after_it() {
         let mut c = Committer::new(TICK, Duration::from_secs(30));
         let t0 = Instant::now();
-        c.want(t0, tp(0), 9, "tk1:9:2".into());
+        c.want(tp(0), 9, "tk1:9:2".into());
         let _ = c.take_due(t0);
         // Revoked: the final commit goes out on its own, the partition is forgotten, and the
         // answer to the last request arrives after that.
@@ -542,7 +392,7 @@ mod tests {
         c.on_answer(t0 + TICK, &[ok(0, 9)]);
         // Assigned again (say the topic was recreated, so the group's commit is now 3): an
         // older answer crossing a newer one must not bring offset 9 back.
-        c.want(t0 + TICK * 2, tp(0), 3, String::new());
+        c.want(tp(0), 3, String::new());
         let _ = c.take_due(t0 + TICK * 2);
         c.on_answer(t0 + TICK * 3, &[ok(0, 3)]);
         assert!(!c.is_wanted(&tp(0)));
@@ -558,9 +408,9 @@ mod tests {
     fn a_confirmed_commit_is_no_longer_wanted_and_an_older_confirmation_changes_nothing() {
         let mut c = Committer::new(TICK, Duration::from_secs(30));
         let t0 = Instant::now();
-        c.want(t0, tp(0), 5, String::new());
+        c.want(tp(0), 5, String::new());
         let _ = c.take_due(t0);
-        c.want(t0, tp(0), 9, String::new());
+        c.want(tp(0), 9, String::new());
         c.on_answer(t0, &[ok(0, 5)]);
         assert!(c.is_wanted(&tp(0)), "9 is not confirmed yet");
         let _ = c.take_due(t0 + TICK);
@@ -573,7 +423,7 @@ mod tests {
     fn a_refused_commit_is_sent_again_with_backoff_until_confirmed_and_holds_new_runs() {
         let mut c = Committer::new(TICK, Duration::from_secs(30));
         let t0 = Instant::now();
-        c.want(t0, tp(0), 5, String::new());
+        c.want(tp(0), 5, String::new());
         let _ = c.take_due(t0);
         assert!(!c.holding(t0));
         // Refused during a rebalance.
@@ -592,7 +442,7 @@ mod tests {
         );
         let third = again + 2 * RETRY_INITIAL;
         // More was accepted meanwhile: the latest state is what goes out.
-        c.want(t0, tp(0), 8, "tk1:8:2".into());
+        c.want(tp(0), 8, "tk1:8:2".into());
         assert_eq!(c.take_due(third), vec![(tp(0), 8, "tk1:8:2".into())]);
         c.on_answer(
             third,
@@ -609,9 +459,9 @@ mod tests {
     fn a_refusal_holds_new_runs_even_when_a_newer_commit_is_wanted_already() {
         let mut c = Committer::new(TICK, Duration::from_secs(30));
         let t0 = Instant::now();
-        c.want(t0, tp(0), 4, String::new());
+        c.want(tp(0), 4, String::new());
         let _ = c.take_due(t0);
-        c.want(t0, tp(0), 5, String::new());
+        c.want(tp(0), 5, String::new());
         c.on_answer(t0 + TICK, &[refused(0, 4)]);
         assert!(c.holding(t0 + TICK));
         assert!(
@@ -628,7 +478,7 @@ mod tests {
     fn an_unanswered_request_holds_new_runs_and_a_hold_ends_after_its_limit() {
         let mut c = Committer::new(TICK, Duration::from_secs(2));
         let t0 = Instant::now();
-        c.want(t0, tp(3), 1, String::new());
+        c.want(tp(3), 1, String::new());
         assert_eq!(c.take_due(t0).len(), 1);
         assert!(!c.holding(t0 + Duration::from_millis(100)));
         assert!(c.holding(t0 + UNANSWERED_HOLD), "no answer for 500 ms");
@@ -641,113 +491,5 @@ mod tests {
         c.forget(&tp(3));
         assert_eq!(c.next_due(), None);
         assert!(!c.holding(t0 + RESEND_AFTER), "nothing left to commit");
-    }
-
-    fn fallback() -> Committer {
-        Committer::new(TICK, Duration::from_secs(30)).with_fallback()
-    }
-
-    #[test]
-    fn a_stuck_request_sends_the_wanted_commits_through_the_fallback_and_runs_go_on() {
-        let mut c = fallback();
-        let t0 = Instant::now();
-        c.want(t0, tp(0), 5, String::new());
-        assert_eq!(c.take_due(t0).len(), 1);
-        assert!(
-            c.take_fallback(t0 + FALLBACK_AFTER / 2).is_empty(),
-            "not stuck yet"
-        );
-        assert_eq!(c.next_fallback_due(t0), Some(t0 + FALLBACK_AFTER));
-        let t1 = t0 + FALLBACK_AFTER;
-        assert_eq!(c.take_fallback(t1), vec![(tp(0), 5, String::new())]);
-        assert!(
-            c.take_fallback(t1 + TICK).is_empty(),
-            "one request at a time"
-        );
-        // More accepted while the fallback's request is out.
-        c.want(t1, tp(0), 8, String::new());
-        let t2 = t1 + 3 * TICK;
-        c.on_fallback_answer(t2, &[ok(0, 5)]);
-        assert!(!c.fallback_busy());
-        assert!(c.is_wanted(&tp(0)), "8 is not confirmed yet");
-        assert!(
-            c.can_take(t2),
-            "new commit offsets go out through the fallback"
-        );
-        assert_eq!(c.take_fallback(t2), vec![(tp(0), 8, String::new())]);
-        c.on_fallback_answer(t2 + TICK, &[ok(0, 8)]);
-        assert!(!c.is_wanted(&tp(0)));
-        // The consumer's request is still unanswered, but every commit is confirmed.
-        assert!(!c.holding(t0 + UNANSWERED_HOLD + TICK));
-        // It finally comes back (refused: the group moved on). The fallback's confirmations
-        // meanwhile are committed once more through the consumer, which has the last word.
-        let t3 = t0 + Duration::from_secs(5);
-        c.on_answer(t3, &[refused(0, 5)]);
-        assert!(!c.holding(t3));
-        let settle = t3 + RETRY_INITIAL;
-        assert_eq!(c.take_due(settle), vec![(tp(0), 8, String::new())]);
-        c.on_answer(settle, &[ok(0, 8)]);
-        assert_eq!(c.next_due(), None);
-    }
-
-    #[test]
-    fn with_the_fallback_new_runs_wait_only_for_commits_neither_path_confirms() {
-        let mut c = fallback();
-        let t0 = Instant::now();
-        c.want(t0, tp(1), 3, String::new());
-        let _ = c.take_due(t0);
-        let _ = c.take_fallback(t0 + FALLBACK_AFTER);
-        assert!(!c.holding(t0 + UNANSWERED_HOLD - TICK));
-        assert!(
-            c.holding(t0 + UNANSWERED_HOLD),
-            "neither answered for 500 ms"
-        );
-        // Refused by the broker: the fallback goes at once, runs wait only if it fails too.
-        let mut r = fallback();
-        r.want(t0, tp(1), 3, String::new());
-        let _ = r.take_due(t0);
-        r.on_answer(t0 + TICK, &[refused(1, 3)]);
-        assert!(!r.holding(t0 + TICK));
-        assert_eq!(r.take_fallback(t0 + TICK).len(), 1);
-        r.on_fallback_answer(
-            t0 + 2 * TICK,
-            &[CommitResult {
-                refused: Some("Broker: Specified group generation id is not valid".into()),
-                ..ok(1, 3)
-            }],
-        );
-        assert!(r.holding(t0 + UNANSWERED_HOLD));
-        // Without the fallback (not permitted), the old rule: hold at the refusal.
-        r.fallback_unavailable();
-        assert!(r.take_fallback(t0 + UNANSWERED_HOLD).is_empty());
-        assert!(r.holding(t0 + 2 * TICK));
-    }
-
-    #[test]
-    fn a_confirmation_older_than_one_confirmed_before_wants_the_newer_again() {
-        let mut c = fallback();
-        let t0 = Instant::now();
-        c.want(t0, tp(2), 5, String::new());
-        let _ = c.take_due(t0);
-        c.want(t0, tp(2), 9, "tk1:9:1".into());
-        let fb = c.take_fallback(t0 + FALLBACK_AFTER);
-        assert_eq!(fb, vec![(tp(2), 9, "tk1:9:1".into())]);
-        c.on_fallback_answer(
-            t0 + FALLBACK_AFTER,
-            &[CommitResult {
-                metadata: "tk1:9:1".into(),
-                ..ok(2, 9)
-            }],
-        );
-        assert!(!c.is_wanted(&tp(2)));
-        // The consumer's older commit lands after it: the group's commit went back to 5.
-        let late = t0 + Duration::from_secs(1);
-        c.on_answer(late, &[ok(2, 5)]);
-        assert!(c.is_wanted(&tp(2)));
-        assert_eq!(c.take_due(late), vec![(tp(2), 9, "tk1:9:1".into())]);
-        // Forgetting the partition (revoked) forgets what was confirmed too.
-        c.forget(&tp(2));
-        c.on_answer(late + TICK, &[ok(2, 5)]);
-        assert!(!c.is_wanted(&tp(2)));
     }
 }

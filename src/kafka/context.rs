@@ -23,10 +23,9 @@ use super::security::{classify_connect_error, ConnectFailure, MskIamSigner, Secu
 use super::{AssignedPartition, ConsumerEvent};
 use crate::dispatch::event::TopicPartition;
 
-/// How long an assignment waits for the group's committed offsets: longer than a pending
-/// transactional commit of a dead member can keep them unstable (the commit fallback's 5 s
-/// transaction timeout plus the broker's 10 s abort interval), so its metadata is not lost.
-const COMMITTED_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long an assignment waits for the group's committed offsets (and their metadata): the
+/// coordinator answers at once unless it moves or loads, which this bounds.
+const COMMITTED_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Context shared by the consumer of one connection.
 pub struct ConnectorContext {
@@ -74,11 +73,6 @@ impl ConnectorContext {
             assigned: Mutex::new(HashMap::new()),
             start_at_end: false,
         }
-    }
-
-    /// The connection's MSK IAM signer, for its other clients (the commit fallback).
-    pub(crate) fn signer(&self) -> Option<Arc<MskIamSigner>> {
-        self.client.signer()
     }
 
     /// Says where the group starts reading a partition it never committed: at its end when
@@ -334,68 +328,11 @@ impl ConsumerContext for ConnectorContext {
             _ => {}
         }
     }
-
-    fn commit_callback(
-        &self,
-        result: rdkafka::error::KafkaResult<()>,
-        offsets: &TopicPartitionList,
-    ) {
-        let overall = match &result {
-            Ok(()) => None,
-            Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => return,
-            Err(e) => Some(e.to_string()),
-        };
-        crate::telemetry::metrics::commit(self.client.connection(), overall.is_none());
-        match &overall {
-            None => {
-                tracing::debug!(connection = %self.client.connection(), partitions = offsets.count(), "offsets committed")
-            }
-            // The supervisor sends a refused commit again and says so once per refusal streak.
-            Some(e) => {
-                tracing::debug!(connection = %self.client.connection(), error = %e, "offset commit refused")
-            }
-        }
-        let results: Vec<super::committer::CommitResult> = offsets
-            .elements()
-            .iter()
-            .filter_map(|e| {
-                let rdkafka::Offset::Offset(offset) = e.offset() else {
-                    return None;
-                };
-                let refused = match e.error() {
-                    Err(err) => Some(err.to_string()),
-                    Ok(()) => overall.clone(),
-                };
-                Some(super::committer::CommitResult {
-                    tp: TopicPartition {
-                        topic: e.topic().to_owned(),
-                        partition: e.partition(),
-                    },
-                    offset,
-                    metadata: e.metadata().to_owned(),
-                    refused,
-                })
-            })
-            .collect();
-        // Never block here (a synchronous commit can call back from another thread while the
-        // supervisor waits on it): an answer that does not fit is made up for by the
-        // committer's resend of unanswered commits.
-        if !results.is_empty() && !self.is_closing() {
-            let _ = self.events.try_send(ConsumerEvent::Committed(results));
-        }
-    }
 }
 
 /// Routes one librdkafka log line into tracing, under the target `librdkafka`, at the
 /// matching level, with the connection.
 pub(crate) fn log_to_tracing(c: &str, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
-    // The commit fallback's transaction refused for a generation the group has left is the
-    // fencing doing its job (the consumer's own path commits it), not an error.
-    let level = if fac == "TXNERR" && is_stale_generation_commit(log_message) {
-        RDKafkaLogLevel::Debug
-    } else {
-        level
-    };
     match level {
         RDKafkaLogLevel::Emerg
         | RDKafkaLogLevel::Alert
@@ -415,35 +352,9 @@ pub(crate) fn log_to_tracing(c: &str, level: RDKafkaLogLevel, fac: &str, log_mes
     }
 }
 
-/// Whether a librdkafka transaction error is an offset commit refused because the group's
-/// generation or membership moved on.
-fn is_stale_generation_commit(log_message: &str) -> bool {
-    log_message.contains("Failed to commit offsets to transaction")
-        && [
-            "(ILLEGAL_GENERATION)",
-            "(REBALANCE_IN_PROGRESS)",
-            "(UNKNOWN_MEMBER_ID)",
-        ]
-        .iter()
-        .any(|code| log_message.contains(code))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{end_offset, is_stale_generation_commit, lag};
-
-    #[test]
-    fn a_fenced_fallback_commit_is_not_an_error() {
-        assert!(is_stale_generation_commit(
-            "Current transaction failed in state InTransaction: Failed to commit offsets to \
-             transaction on broker b:9092/1: t((null))[8](Broker: Specified group generation id \
-             is not valid) (after 9ms) (ILLEGAL_GENERATION)"
-        ));
-        assert!(!is_stale_generation_commit(
-            "Current transaction failed in state InTransaction: Failed to commit offsets to \
-             transaction on broker b:9092/1: (TRANSACTIONAL_ID_AUTHORIZATION_FAILED)"
-        ));
-    }
+    use super::{end_offset, lag};
 
     #[test]
     fn the_end_is_the_further_of_statistics_and_query() {

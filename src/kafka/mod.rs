@@ -21,6 +21,7 @@ mod batch_worker;
 pub mod commit_thread;
 pub mod committer;
 pub mod context;
+pub mod core;
 pub mod filter;
 pub mod monitor;
 pub mod offsets;
@@ -30,9 +31,11 @@ pub mod record_age;
 mod runs;
 pub mod scheduler;
 pub mod security;
+mod setup;
 #[cfg(test)]
 mod simulation;
 pub mod supervisor;
+mod threads;
 pub mod worker;
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
@@ -66,8 +69,6 @@ pub enum ConsumerEvent {
         /// Sent when the supervisor has drained and committed.
         ack: std::sync::mpsc::SyncSender<()>,
     },
-    /// The broker's answers to a commit (ours or librdkafka's auto-commit), per partition.
-    Committed(Vec<committer::CommitResult>),
     /// An error returned by poll.
     Error(KafkaError),
 }
@@ -87,8 +88,6 @@ pub struct AssignedPartition {
 const DEFAULTS: &[(&str, &str)] = &[
     // Never lose a message of a new group: start at the beginning of each partition.
     ("auto.offset.reset", "earliest"),
-    // Stored offsets reach the broker within a second.
-    ("auto.commit.interval.ms", "1000"),
     // Bound librdkafka's prefetch (it applies per partition) so memory stays flat with many
     // partitions: measured with 64 partitions and a 1,000,000-message backlog, the defaults
     // (65536 KB, 100000 messages) let the daemon reach 270 MiB, these keep it near 130 MiB.
@@ -119,11 +118,12 @@ pub fn consumer_config(name: &str, conn: &ConnectionConfig) -> ClientConfig {
     }
     // The classic protocol keeps librdkafka's default assignment, `range,roundrobin` (eager):
     // a member drains and commits before it rejoins, so no commit waits behind a rejoin (see
-    // the commit rule in super::committer; cooperative-sticky relies on its fallback there).
-    // Owned by the connector (validated in the config): see crate::config.
+    // the commit rule in super::committer).
+    // Owned by the connector (validated in the config): see crate::config. Auto-commit is off:
+    // every commit goes through the commit thread, in order (the commit rule's one path).
     let _ = cfg
         .set("enable.auto.offset.store", "false")
-        .set("enable.auto.commit", "true")
+        .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed");
     cfg.set_log_level(RDKafkaLogLevel::Info);
     cfg

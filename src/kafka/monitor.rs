@@ -16,7 +16,11 @@ use tokio_util::task::TaskTracker;
 
 use super::batch::BatchLimits;
 use super::context::ConnectorContext;
-use super::partitions::PartitionSet;
+use std::collections::HashMap;
+
+use rdkafka::message::Message as _;
+
+use super::partitions::{Arrival, PartitionId, PartitionSet};
 use super::worker::TriggerRuntime;
 use crate::admin::health::{ConnectionHealth, HealthRegistry};
 use crate::codec::registry::RegistryClient;
@@ -336,6 +340,138 @@ impl Monitor {
             consumer.context().set_paused_ends(ends);
             running.store(false, Ordering::SeqCst);
         }));
+    }
+}
+
+/// Each partition's records received and not yet handled: the lag in seconds.
+#[derive(Default)]
+pub(super) struct LagSeconds(HashMap<PartitionId, super::record_age::Unhandled>);
+
+impl LagSeconds {
+    /// A record at `offset` stamped `timestamp_ms` was queued in partition `id`.
+    pub(super) fn queued<T: Clone>(
+        &mut self,
+        partitions: &PartitionSet<T>,
+        id: PartitionId,
+        offset: i64,
+        timestamp_ms: Option<i64>,
+    ) {
+        let commit_offset = partitions.get(id).and_then(|p| p.tracker.commit_offset());
+        self.0
+            .entry(id)
+            .or_default()
+            .push(offset, timestamp_ms, commit_offset);
+    }
+
+    /// Reports each assigned partition's lag in seconds: the age of its oldest record
+    /// received and not yet handled.
+    pub(super) fn report<T: Clone>(&mut self, connection: &str, partitions: &PartitionSet<T>) {
+        let now = super::record_age::now_ms();
+        for p in partitions.iter() {
+            let Some(id) = partitions.id_of(&p.tp.topic, p.tp.partition) else {
+                continue;
+            };
+            let age_ms = self
+                .0
+                .get_mut(&id)
+                .map_or(0, |u| u.oldest_age_ms(p.tracker.commit_offset(), now));
+            metrics::consumer_lag_seconds(
+                connection,
+                &p.tp.topic,
+                p.tp.partition,
+                age_ms as f64 / 1000.0,
+            );
+        }
+    }
+
+    /// `revoked` left the assignment (and `partitions`).
+    pub(super) fn forget<T: Clone>(
+        &mut self,
+        connection: &str,
+        partitions: &PartitionSet<T>,
+        revoked: &[TopicPartition],
+    ) {
+        self.0.retain(|id, _| partitions.get(*id).is_some());
+        for tp in revoked {
+            metrics::remove_consumer_lag_seconds(connection, &tp.topic, tp.partition);
+        }
+    }
+}
+
+/// Hands `batch` to the core: counted per run of messages of one topic (not per message),
+/// each queued record's timestamp noted for the lag in seconds, the others logged.
+pub(super) fn intake(
+    connection: &str,
+    core: &mut super::core::Core<Arc<TriggerRuntime>>,
+    lag: &mut LagSeconds,
+    batch: Vec<rdkafka::message::OwnedMessage>,
+) {
+    let mut run: Option<(String, u64)> = None;
+    for msg in batch {
+        match &mut run {
+            Some((topic, n)) if topic == msg.topic() => *n += 1,
+            _ => {
+                if let Some((topic, n)) = run.replace((msg.topic().to_owned(), 1)) {
+                    metrics::consumed(connection, &topic, n);
+                }
+            }
+        }
+        let (offset, timestamp) = (msg.offset(), msg.timestamp().to_millis());
+        match core.on_message(msg) {
+            Arrival::Queued(id) => lag.queued(core.partitions(), id, offset, timestamp),
+            arrival => log_arrival(connection, core.partitions(), &arrival, offset),
+        }
+    }
+    if let Some((topic, n)) = run {
+        metrics::consumed(connection, &topic, n);
+    }
+}
+
+/// Logs a message that was not queued.
+fn log_arrival(
+    connection: &str,
+    partitions: &PartitionSet<Arc<TriggerRuntime>>,
+    arrival: &Arrival,
+    offset: i64,
+) {
+    match arrival {
+        Arrival::Queued(_) => {}
+        Arrival::AlreadyAccepted(id) => {
+            if let Some(p) = partitions.get(*id) {
+                p.trigger.runtime.metrics().handled("already_accepted");
+                tracing::debug!(connection, topic = %p.tp.topic, partition = p.tp.partition, offset, "handled already; not dispatched again");
+            }
+        }
+        Arrival::AlreadyReceived(id) => {
+            if let Some(p) = partitions.get(*id) {
+                tracing::debug!(connection, topic = %p.tp.topic, partition = p.tp.partition, offset, "delivered again while waiting or in flight; not dispatched twice");
+            }
+        }
+        Arrival::NotAssigned(msg) => {
+            tracing::warn!(
+                connection,
+                topic = msg.topic(),
+                partition = msg.partition(),
+                offset,
+                "message for a partition not assigned; ignored"
+            );
+        }
+    }
+}
+
+/// Logs a change of the hold on new runs (rule 4 of the commit rule).
+pub(super) fn log_hold(connection: &str, change: &super::core::HoldChange) {
+    let expired = change.expired;
+    match (change.holding, change.reason.as_deref()) {
+        (true, Some(reason)) => tracing::warn!(connection, error = %reason,
+            "the broker refuses offset commits (a rebalance in progress?): new runs wait, refused commits are sent again"),
+        // librdkafka holds a commit back while the group rebalances (classic protocol: until
+        // every member rejoined or a dead one's session expired).
+        (true, None) => tracing::warn!(connection, waited_ms = super::committer::UNANSWERED_HOLD.as_millis() as u64,
+            "an offset commit is unanswered (a rebalance in progress?): new runs wait until it is answered"),
+        (false, _) if expired => tracing::warn!(connection,
+            "offset commits refused for too long: dispatching again; a crash now may offer accepted runs again"),
+        (false, _) => tracing::info!(connection, "offset commits accepted again: new runs start"),
     }
 }
 

@@ -499,7 +499,12 @@ impl<T: Clone> PartitionSet<T> {
     /// once (one, within the batch bounds), if a permit is free and runs may start. Its worker
     /// makes one attempt (the partition's drain stops retries); what it does not get accepted
     /// is not committed. Records beyond it are then dropped with the other waiting ones.
-    pub fn flush_batches(&mut self, tps: Option<&[TopicPartition]>, out: &mut Actions<T>) {
+    pub fn flush_batches(
+        &mut self,
+        now: Instant,
+        tps: Option<&[TopicPartition]>,
+        out: &mut Actions<T>,
+    ) {
         if self.holding {
             return;
         }
@@ -510,7 +515,6 @@ impl<T: Clone> PartitionSet<T> {
                 .collect(),
             None => (0..self.slots.len() as u32).map(PartitionId).collect(),
         };
-        let now = Instant::now();
         for id in ids {
             let Some(Some(p)) = self.slots.get_mut(id.0 as usize) else {
                 continue;
@@ -1371,7 +1375,7 @@ mod tests {
         // Below every bound: nothing goes out yet.
         assert!(process(&mut s).starts.is_empty());
         let mut out = Actions::default();
-        s.flush_batches(Some(&[tp(0)]), &mut out);
+        s.flush_batches(Instant::now(), Some(&[tp(0)]), &mut out);
         assert_eq!(out.starts.len(), 1, "only the revoked partition");
         let b = out.starts.pop().unwrap();
         assert_eq!(offsets_of(&b), vec![0, 1, 2]);
@@ -1390,10 +1394,10 @@ mod tests {
         }
         assert_eq!(process(&mut s2).starts.len(), 1);
         let mut out = Actions::default();
-        s2.flush_batches(None, &mut out);
+        s2.flush_batches(Instant::now(), None, &mut out);
         assert!(out.starts.is_empty());
         s.set_holding(true);
-        s.flush_batches(None, &mut out);
+        s.flush_batches(Instant::now(), None, &mut out);
         assert!(out.starts.is_empty());
     }
 

@@ -126,17 +126,25 @@ pub(crate) fn spawn_flow_thread(
         .name(format!("kafka-flow-{connection}"))
         .spawn(move || {
             while let Ok(op) = rx.recv() {
-                let result = if op.pause {
-                    consumer.pause(&op.partitions)
-                } else {
-                    consumer.resume(&op.partitions)
-                };
-                if let Err(e) = result {
-                    let what = if op.pause { "pause" } else { "resume" };
-                    tracing::warn!(connection = %name, error = %e, "cannot {what} partitions");
-                }
+                apply_flow(&name, &consumer, op);
             }
             drop(consumer);
         })?;
     Ok((tx, handle))
+}
+
+/// Pauses or resumes `op`'s partitions now, on this thread.
+pub(crate) fn apply_flow(connection: &str, consumer: &BaseConsumer<ConnectorContext>, op: FlowOp) {
+    if op.partitions.count() == 0 {
+        return;
+    }
+    let result = if op.pause {
+        consumer.pause(&op.partitions)
+    } else {
+        consumer.resume(&op.partitions)
+    };
+    if let Err(e) = result {
+        let what = if op.pause { "pause" } else { "resume" };
+        tracing::warn!(connection, error = %e, "cannot {what} partitions");
+    }
 }

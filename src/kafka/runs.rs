@@ -86,6 +86,37 @@ impl Runs {
         }
     }
 
+    /// A run ended: its records' offsets and whether each is handled, for the core; its
+    /// records leave the runs-in-flight gauge.
+    pub(super) fn finished(&self, f: &RunFinished) -> Vec<(i64, bool)> {
+        self.in_flight_add(f.trigger, -(f.records.len() as f64));
+        f.records
+            .iter()
+            .map(|(offset, outcome)| (*offset, outcome.is_handled()))
+            .collect()
+    }
+
+    /// Counts a run's handled records by outcome, and closes its trace with each commit.
+    pub(super) fn report(&self, trigger: &TriggerRuntime, f: &RunFinished) {
+        let metrics = trigger.metrics();
+        for (offset, outcome) in &f.records {
+            if !outcome.is_handled() {
+                continue;
+            }
+            metrics.handled(outcome.label());
+            f.span.record("tessel.outcome", outcome.label());
+            if !f.span.is_disabled() {
+                let _commit = tracing::info_span!(
+                    target: crate::telemetry::trace::TARGET,
+                    parent: &f.span,
+                    "commit",
+                    messaging.kafka.offset = offset,
+                )
+                .entered();
+            }
+        }
+    }
+
     /// Starts one run on the runtime.
     pub(super) fn spawn(&self, start: Start<Trigger>) {
         if !start.batch.is_empty() || start.trigger.config.batch.is_some() {

@@ -1,7 +1,9 @@
-//! Deterministic simulation of the consumer core's pure parts: several members'
-//! [`PartitionSet`]s and [`Committer`]s driven, from one seed, against a simulated group
-//! coordinator, partition logs with aborted records, and a dispatcher that parks keys, with
-//! handovers, revokes and kills at any step. Invariants are checked after every step:
+//! Deterministic simulation of the consumer core: several members' [`Core`]s driven, from
+//! one seed, against a simulated group coordinator, partition logs with aborted records, and
+//! a dispatcher that parks keys, with handovers (a revoke that drains, waits for the commit
+//! request out and commits last), orderly stops, kills and restarts at any step. The
+//! simulator plays the shell: it hands each core its events and carries out its commands.
+//! Invariants are checked after every step:
 //!
 //! - **no loss**: a committed offset never passes a data record the dispatcher did not accept;
 //! - **no move back**: a commit applied for the partition's current owner never lowers the
@@ -26,8 +28,10 @@ use rdkafka::Timestamp;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::committer::{CommitResult, Committer};
-use super::partitions::{Actions, Limits, PartitionSet, Start, TriggerSlot};
+use super::commit_thread::CommitBatch;
+use super::committer::CommitResult;
+use super::core::{Command, Core};
+use super::partitions::{Limits, Start, TriggerSlot};
 use super::AssignedPartition;
 use crate::config::Ordering;
 use crate::dispatch::event::TopicPartition;
@@ -44,6 +48,9 @@ const REGRESSION_SEEDS: &[u64] = &[
 ];
 
 const TOPIC: &str = "sim";
+
+/// How long a revoke waits for its runs (simulated milliseconds, one per step).
+const DRAIN_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// splitmix64: small, fast, and the same on every machine.
 struct Rng(u64);
@@ -131,8 +138,9 @@ struct Run {
 struct Member {
     alive: bool,
     generation: u64,
-    set: PartitionSet<()>,
-    committer: Committer,
+    core: Core<()>,
+    /// A handover in progress: the partition revoked and the member it goes to.
+    handover: Option<(i32, usize)>,
     permits: Arc<Semaphore>,
     /// Per owned partition: the next offset the consumer fetches, and whether it is paused.
     fetch: HashMap<i32, (i64, bool)>,
@@ -235,12 +243,17 @@ impl Sim {
         Member {
             alive: true,
             generation,
-            set: PartitionSet::new(Limits {
-                per_partition: p.per_partition,
-                max_bytes: usize::MAX / 2,
-                max_tracked_above: p.max_tracked_above,
-            }),
-            committer: Committer::new(Duration::from_millis(10), Duration::from_secs(30)),
+            core: Core::new(
+                Limits {
+                    per_partition: p.per_partition,
+                    max_bytes: usize::MAX / 2,
+                    max_tracked_above: p.max_tracked_above,
+                },
+                Duration::from_millis(10),
+                Duration::from_secs(30),
+                DRAIN_TIMEOUT,
+            ),
+            handover: None,
             permits: Arc::new(Semaphore::new(p.concurrency)),
             fetch: HashMap::new(),
             runs: Vec::new(),
@@ -265,31 +278,33 @@ impl Sim {
         let (offset, metadata) = self.committed[part as usize].clone();
         let committed = (offset >= 0).then_some(offset);
         let now = self.now();
-        // Every live member rejoins into the new generation.
-        for member in self.members.iter_mut().filter(|x| x.alive) {
-            member.generation = self.generation;
-            member.committer.rebalanced();
+        // Every live member rejoins into the new generation (an empty assignment for the
+        // others).
+        for (i, member) in self.members.iter_mut().enumerate() {
+            if member.alive && i != m {
+                member.generation = self.generation;
+                member.core.on_assigned(now, Vec::new());
+            }
         }
         let member = &mut self.members[m];
-        member.set.assign(
-            AssignedPartition {
-                tp: Self::tp(part),
-                committed,
-                metadata,
-            },
-            TriggerSlot {
-                index: 0,
-                ordering: self.p.ordering,
-                permits: Arc::clone(&member.permits),
-                runtime: (),
-                batch: None,
-            },
-            now,
-        );
+        member.generation = self.generation;
+        let slot = TriggerSlot {
+            index: 0,
+            ordering: self.p.ordering,
+            permits: Arc::clone(&member.permits),
+            runtime: (),
+            batch: None,
+        };
+        let assigned = AssignedPartition {
+            tp: Self::tp(part),
+            committed,
+            metadata,
+        };
+        member.core.on_assigned(now, vec![(assigned, slot)]);
         // The consumer starts at the commit, or the beginning.
         let _ = member.fetch.insert(part, (committed.unwrap_or(0), false));
         // librdkafka reports no position until it fetched.
-        member.set.on_position(&Self::tp(part), None);
+        member.core.on_position(&Self::tp(part), None);
     }
 
     fn run(mut self) -> Result<(), Violation> {
@@ -322,7 +337,7 @@ impl Sim {
         let mut out = String::new();
         for (i, m) in self.members.iter().enumerate() {
             out.push_str(&format!(
-                "\n  member {i}: alive {} generation {} (group {}) runs {:?} wanted {} holding {}",
+                "\n  member {i}: alive {} generation {} (group {}) runs {:?} commit out {} refused {}",
                 m.alive,
                 m.generation,
                 self.generation,
@@ -330,10 +345,10 @@ impl Sim {
                     .iter()
                     .map(|r| (r.start.msg.partition(), r.offset))
                     .collect::<Vec<_>>(),
-                m.committer.wanted_count(),
-                m.committer.holding(self.now()),
+                m.core.commit_out(),
+                m.core.refusing().is_some(),
             ));
-            for p in m.set.iter() {
+            for p in m.core.partitions().iter() {
                 out.push_str(&format!(
                     "\n    partition {}: waiting {} in flight {} paused {} commit offset {:?} fetch {:?} above {}",
                     p.tp.partition,
@@ -381,6 +396,7 @@ impl Sim {
             80..=83 if self.faults => self.handover(),
             84..=85 if self.faults => self.kill(m),
             86..=87 if self.faults => self.restart(m),
+            88 if self.faults => self.stop(m),
             _ => {}
         }
         self.process(m)?;
@@ -389,7 +405,8 @@ impl Sim {
 
     /// The consumer of member `m` returns a few records of an owned, unpaused partition.
     fn fetch(&mut self, m: usize) {
-        if !self.members[m].alive {
+        // The shell takes no consumer event while a revoke drains.
+        if !self.members[m].alive || self.members[m].core.revoking() {
             return;
         }
         let owned: Vec<i32> = self.members[m]
@@ -418,68 +435,110 @@ impl Sim {
                     next,
                     None,
                 );
-                let _ = self.members[m].set.on_message(msg);
+                let _ = self.members[m].core.on_message(msg);
             }
             next += 1;
             // Positions come in order with the messages (aborted records are skipped).
-            self.members[m].set.on_position(&Self::tp(part), Some(next));
+            self.members[m]
+                .core
+                .on_position(&Self::tp(part), Some(next));
         }
         if let Some(f) = self.members[m].fetch.get_mut(&part) {
             f.0 = next;
         }
     }
 
-    /// Starts what member `m`'s partition set lets start, applies its pauses and resumes.
+    /// Polls member `m`'s core and carries out its commands: runs start, pauses and resumes
+    /// apply to its fetches, commit requests go to the coordinator, a finished revoke
+    /// commits last and hands its partition over.
     fn process(&mut self, m: usize) -> Result<(), Violation> {
         if !self.members[m].alive {
             return Ok(());
         }
         let now = self.now();
-        let holding = self.members[m].committer.holding(now);
-        self.members[m].set.set_holding(holding);
-        let mut out = Actions::default();
-        self.members[m].set.process(now, &mut out);
-        for tp in out.pause {
-            if let Some(f) = self.members[m].fetch.get_mut(&tp.partition) {
-                f.1 = true;
-            }
-        }
-        for tp in out.resume {
-            if let Some(f) = self.members[m].fetch.get_mut(&tp.partition) {
-                f.1 = false;
-            }
-        }
-        for start in out.starts {
-            let part = start.msg.partition();
-            let offset = start.msg.offset();
-            let key = u64::from_be_bytes(
-                start
-                    .msg
-                    .key()
-                    .and_then(|k| k.try_into().ok())
-                    .unwrap_or_default(),
-            );
-            // First run of this record: every earlier record of its key ran first (under
-            // `key` and `partition` ordering).
-            let unstarted = self.not_started.get_mut(&(part, key));
-            if let Some(set) = unstarted.filter(|set| set.contains(&offset)) {
-                let first = set.first().copied();
-                let _ = set.remove(&offset);
-                if self.p.ordering != Ordering::Unordered && first != Some(offset) {
-                    return Err(Violation(format!(
-                        "key order: the first run of {part}@{offset} (key {key}) started before {part}@{first:?}'s"
-                    )));
+        let mut commands = Vec::new();
+        self.members[m].core.poll(now, &mut commands);
+        for command in commands {
+            match command {
+                Command::Start(start) => self.start(m, start)?,
+                Command::Commit(commits) => {
+                    let due = self.step + 1 + self.rng.below(30);
+                    self.requests.push_back(Request {
+                        member: m,
+                        generation: self.members[m].generation,
+                        due,
+                        commits,
+                    });
                 }
+                Command::FinishRevoke(end) => self.finish_revoke(m, &end.partitions, end.commit),
+                Command::Flow { .. } | Command::Hold(_) => {}
             }
-            let latency = 1 + self.rng.below(20);
-            self.members[m].runs.push(Run {
-                start,
-                offset,
-                key,
-                done_at: self.step + latency,
-            });
         }
+        self.apply_flow(m);
         Ok(())
+    }
+
+    /// Pauses and resumes follow the core's partitions' flags (librdkafka applies them).
+    fn apply_flow(&mut self, m: usize) {
+        let member = &mut self.members[m];
+        for p in member.core.partitions().iter() {
+            if let Some(f) = member.fetch.get_mut(&p.tp.partition) {
+                f.1 = p.paused;
+            }
+        }
+    }
+
+    /// A run starts: the key-order invariant is checked on the first run of each record.
+    fn start(&mut self, m: usize, start: Start<()>) -> Result<(), Violation> {
+        let part = start.msg.partition();
+        let offset = start.msg.offset();
+        let key = u64::from_be_bytes(
+            start
+                .msg
+                .key()
+                .and_then(|k| k.try_into().ok())
+                .unwrap_or_default(),
+        );
+        // First run of this record: every earlier record of its key ran first (under `key`
+        // and `partition` ordering).
+        let unstarted = self.not_started.get_mut(&(part, key));
+        if let Some(set) = unstarted.filter(|set| set.contains(&offset)) {
+            let first = set.first().copied();
+            let _ = set.remove(&offset);
+            if self.p.ordering != Ordering::Unordered && first != Some(offset) {
+                return Err(Violation(format!(
+                    "key order: the first run of {part}@{offset} (key {key}) started before {part}@{first:?}'s"
+                )));
+            }
+        }
+        let latency = 1 + self.rng.below(20);
+        self.members[m].runs.push(Run {
+            start,
+            offset,
+            key,
+            done_at: self.step + latency,
+        });
+        Ok(())
+    }
+
+    /// Member `m`'s revoke is complete: its final commit lands (the member's generation is
+    /// still the group's: the rebalance waits for it), and the partitions go to the member
+    /// the handover chose (or any live one).
+    fn finish_revoke(&mut self, m: usize, partitions: &[TopicPartition], commit: CommitBatch) {
+        for (tp, offset, metadata) in commit {
+            if self.generation == self.members[m].generation {
+                self.apply_commit(m, &tp, offset, &metadata);
+            }
+        }
+        let target = self.members[m].handover.take();
+        for tp in partitions {
+            let _ = self.members[m].fetch.remove(&tp.partition);
+            let to = match target {
+                Some((part, to)) if part == tp.partition && self.members[to].alive => to,
+                _ => self.live_member(),
+            };
+            self.assign(tp.partition, to);
+        }
     }
 
     /// The dispatcher answers one of member `m`'s runs that is due: accepted, unless its key
@@ -518,32 +577,18 @@ impl Sim {
             ..
         } = run.start;
         drop(permit);
-        let _ = self.members[m]
-            .set
-            .on_completion(id, generation, &key, run.offset, handled);
+        let _ = self.members[m].core.on_run_finished(
+            id,
+            generation,
+            &key,
+            false,
+            &[(run.offset, handled)],
+        );
     }
 
-    /// Member `m` hands changed commit offsets to its committer and sends a request if due.
+    /// Member `m`'s core is polled (its commit requests go out when due).
     fn commit_flow(&mut self, m: usize) {
-        if !self.members[m].alive {
-            return;
-        }
-        let now = self.now();
-        let member = &mut self.members[m];
-        let committer = &mut member.committer;
-        member.set.take_commits(now, |tp, offset, metadata| {
-            committer.want(now, tp.clone(), offset, metadata);
-        });
-        let commits = member.committer.take_due(now);
-        if !commits.is_empty() {
-            let due = self.step + 1 + self.rng.below(30);
-            self.requests.push_back(Request {
-                member: m,
-                generation: self.members[m].generation,
-                due,
-                commits,
-            });
-        }
+        let _ = self.process(m);
     }
 
     /// The coordinator applies the oldest request (requests are applied in the order sent),
@@ -571,7 +616,7 @@ impl Sim {
         }
         if self.members[r.member].alive {
             let now = self.now();
-            self.members[r.member].committer.on_answer(now, &results);
+            self.members[r.member].core.on_commit_answer(now, &results);
         }
     }
 
@@ -587,42 +632,37 @@ impl Sim {
         self.committed[part] = (offset, metadata.to_owned());
     }
 
-    /// An orderly handover of one partition: its owner drains it (runs in flight finish or
-    /// are abandoned), commits synchronously, forgets it; another member takes it.
+    /// An orderly handover of one partition: its owner's core revokes it (the runs drain,
+    /// the commit request out is answered, the final commit goes out); then another member
+    /// takes it.
     fn handover(&mut self) {
         let part = self.rng.below(self.p.partitions as u64) as i32;
         let to = self.rng.below(self.members.len() as u64) as usize;
         self.handover_to(part, to);
     }
 
-    /// [`Sim::handover`] of `part` to member `to`.
+    /// [`Sim::handover`] of `part` to member `to`: begins the revoke.
     fn handover_to(&mut self, part: i32, to: usize) {
         let Some(from) = self.owner[part as usize] else {
             return;
         };
-        if !self.members[from].alive || !self.members[to].alive {
+        let now = self.now();
+        let member = &mut self.members[from];
+        if !member.alive || member.core.revoking() {
             return;
         }
-        let tp = Self::tp(part);
-        self.members[from]
-            .set
-            .begin_revoke(std::slice::from_ref(&tp), false);
-        // Drain: runs of the partition end (a parked one is abandoned by the drain).
-        let mut i = 0;
-        while i < self.members[from].runs.len() {
-            if self.members[from].runs[i].start.msg.partition() == part {
-                self.step += 1;
-                self.finish_run(from, i);
-            } else {
-                i += 1;
-            }
+        member.handover = Some((part, to));
+        member.core.on_revoked(now, vec![Self::tp(part)], false);
+    }
+
+    /// Member `m` stops in order (SIGTERM): its commit thread's request is answered, its
+    /// runs end (a parked key's run is abandoned by the drain), it commits for the last time
+    /// and leaves the group, whose partitions go to the others.
+    fn stop(&mut self, m: usize) {
+        if !self.members[m].alive || self.members[m].core.revoking() {
+            return;
         }
-        // Earlier requests are answered before the final commit (one ordered path).
-        while self.requests.iter().any(|r| r.member == from) {
-            let Some(pos) = self.requests.iter().position(|r| r.member == from) else {
-                break;
-            };
-            // Requests are applied in order: everything before it goes first.
+        while let Some(pos) = self.requests.iter().position(|r| r.member == m) {
             for _ in 0..=pos {
                 if let Some(front) = self.requests.front_mut() {
                     front.due = 0;
@@ -630,15 +670,21 @@ impl Sim {
                 self.deliver_request();
             }
         }
-        if let Some((offset, metadata)) = self.members[from].set.final_commit(&tp) {
-            if self.generation == self.members[from].generation {
-                self.apply_commit(from, &tp, offset, &metadata);
+        let now = self.now();
+        self.members[m].core.on_stop(now);
+        let mut commands = Vec::new();
+        self.members[m].core.poll(now, &mut commands);
+        while !self.members[m].runs.is_empty() {
+            self.step += 1;
+            self.finish_run(m, 0);
+        }
+        let commits = self.members[m].core.stop_commit();
+        for (tp, offset, metadata) in commits {
+            if self.generation == self.members[m].generation {
+                self.apply_commit(m, &tp, offset, &metadata);
             }
         }
-        self.members[from].committer.forget(&tp);
-        let _ = self.members[from].set.remove(&tp);
-        let _ = self.members[from].fetch.remove(&part);
-        self.assign(part, to);
+        self.kill(m);
     }
 
     /// Member `m` dies: its runs in flight are lost (a dispatcher may still have accepted
@@ -709,7 +755,7 @@ impl Sim {
             }
         }
         for m in self.members.iter().filter(|m| m.alive) {
-            for p in m.set.iter() {
+            for p in m.core.partitions().iter() {
                 let waiting = p.queue.waiting();
                 // A fetch returns at most 4 records after the pause decision.
                 if waiting > self.p.per_partition + 4 {
@@ -854,10 +900,24 @@ fn a_handover_with_a_full_gap_drains() {
         sim.deliver_request();
         sim.process(0).unwrap();
     }
-    let gap_full = sim.members[0].set.iter().all(|p| p.tracker.gap_full());
+    let gap_full = sim.members[0]
+        .core
+        .partitions()
+        .iter()
+        .all(|p| p.tracker.gap_full());
     assert!(gap_full, "the gap filled behind the parked key");
     // Handed over while the key is parked; then the dispatcher recovers.
     sim.handover_to(0, 1);
+    for _ in 0..2_000 {
+        if sim.owner[0] == Some(1) {
+            break;
+        }
+        sim.step += 1;
+        sim.complete(0);
+        sim.deliver_request();
+        sim.process(0).unwrap();
+    }
+    assert_eq!(sim.owner[0], Some(1), "the revoke ended");
     sim.parked.clear();
     assert!(
         sim.committed[0].1.starts_with("tk1:0:"),

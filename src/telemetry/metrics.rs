@@ -62,8 +62,6 @@ pub const ASSIGNED_PARTITIONS: &str = "tessel_kafka_assigned_partitions";
 pub const REBALANCES: &str = "tessel_kafka_rebalances_total";
 /// Offset commits by result.
 pub const COMMITS: &str = "tessel_kafka_offset_commits_total";
-/// Offset commits made through the transactional fallback, by result.
-pub const FALLBACK_COMMITS: &str = "tessel_kafka_offset_commits_fallback_total";
 /// Schema cache lookups by result.
 pub const REGISTRY_CACHE: &str = "tessel_kafka_registry_cache_lookups_total";
 /// Produce API and command requests, by HTTP status.
@@ -114,7 +112,6 @@ pub const INVENTORY: &[(&str, Kind, &str)] = &[
     (ASSIGNED_PARTITIONS, Kind::Gauge, "Partitions assigned to this replica, by connection."),
     (REBALANCES, Kind::Counter, "Rebalance events, by connection and kind (assign, revoke, lost)."),
     (COMMITS, Kind::Counter, "Offset commits, by connection and result (ok, error)."),
-    (FALLBACK_COMMITS, Kind::Counter, "Offset commits made through the transactional fallback while the consumer's own commits waited behind a rebalance, by connection and result (ok, error)."),
     (REGISTRY_CACHE, Kind::Counter, "Schema cache lookups, by connection and result (hit, miss)."),
     (PRODUCE_REQUESTS, Kind::Counter, "Produce API requests, by connection and HTTP status."),
     (BUILD_INFO, Kind::Gauge, "Always 1; the labels say which build is running."),
@@ -413,11 +410,6 @@ pub fn commit(connection: &str, ok: bool) {
     counter!(COMMITS, "connection" => connection.to_owned(), "result" => if ok { "ok" } else { "error" }).increment(1);
 }
 
-/// One offset commit through the transactional fallback.
-pub fn fallback_commit(connection: &str, ok: bool) {
-    counter!(FALLBACK_COMMITS, "connection" => connection.to_owned(), "result" => if ok { "ok" } else { "error" }).increment(1);
-}
-
 /// Stalled partitions of a connection.
 pub fn stalled(connection: &str, n: usize) {
     gauge!(STALLED_PARTITIONS, "connection" => connection.to_owned()).set(n as f64);
@@ -506,7 +498,6 @@ mod tests {
             partitions("c", 3, 1);
             rebalance("c", "assign");
             commit("c", true);
-            fallback_commit("c", true);
             stalled("c", 0);
             end_to_end("c", "tr", 120.0);
             decoded("c", "tr", "avro");

@@ -139,8 +139,8 @@ pub fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
 }
 
 /// Committed offsets of `group` for `partitions` of `topic` (-1 when none), each with its
-/// commit metadata. Read as stable now: offsets a transactional commit (the commit fallback)
-/// holds pending are not waited for (read_committed would wait until that transaction ends).
+/// commit metadata, as they are now (read_uncommitted: a pending transactional offset commit,
+/// which the connector never makes, is not waited for).
 pub fn committed_with_metadata(group: &str, topic: &str, partitions: i32) -> Vec<(i64, String)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &stack().bootstrap)

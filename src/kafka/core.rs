@@ -1,0 +1,618 @@
+//! The consumer core: one connection's decisions as a state machine. Events go in (partitions
+//! assigned, revoked or lost, messages and positions, runs finished, commit requests
+//! answered, a stop), each through its own small `on_*` method, with the time as an argument;
+//! [`Core::poll`] then says what to do, as [`Command`]s: start runs, pause and resume
+//! partitions, send a commit request, finish a revoke (its final commit, then the
+//! acknowledgement). [`Core::next_wake`] says when to poll again if nothing happens.
+//!
+//! The core does no I/O and keeps no clock: the supervisor (the shell) feeds it from the
+//! consumer, the runs and the commit thread, and carries out its commands; the simulator
+//! (`simulation.rs`) drives the same core against a simulated group coordinator. The parts
+//! it joins are pure too: the [partition set](super::partitions) (what may start, when to
+//! pause) and the [committer](super::committer) (the commit rule, docs/architecture.md).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::commit_thread::CommitBatch;
+use super::committer::{CommitResult, Committer};
+use super::partitions::{Actions, Arrival, Limits, PartitionId, PartitionSet, Start, TriggerSlot};
+use super::AssignedPartition;
+use crate::dispatch::event::TopicPartition;
+
+/// What the shell is to do, in order.
+pub enum Command<T> {
+    /// Start this run.
+    Start(Start<T>),
+    /// Pause fetching these partitions (their buffers are full), or resume them.
+    Flow {
+        /// Pause (true) or resume (false).
+        pause: bool,
+        /// The partitions (never empty).
+        partitions: Vec<TopicPartition>,
+    },
+    /// Send this commit request (one at a time: the next comes after its answer, given to
+    /// [`Core::on_commit_answer`]).
+    Commit(CommitBatch),
+    /// A revoke is complete: commit its final state synchronously, then release the
+    /// partitions to the group. The core has forgotten them already.
+    FinishRevoke(RevokeEnd),
+    /// New runs start waiting or start again (rule 4 of the commit rule).
+    Hold(HoldChange),
+}
+
+/// The end of a revoke.
+#[derive(Debug)]
+pub struct RevokeEnd {
+    /// The partitions revoked.
+    pub partitions: Vec<TopicPartition>,
+    /// Their final commit (empty for a lost assignment): the latest state of each, after
+    /// every earlier request was answered.
+    pub commit: CommitBatch,
+    /// Runs still in flight when the drain deadline passed (abandoned: offered again to the
+    /// next owner).
+    pub abandoned: usize,
+}
+
+/// A change of the hold on new runs: the broker refuses commits or leaves one unanswered.
+#[derive(Debug)]
+pub struct HoldChange {
+    /// Whether runs wait from now on.
+    pub holding: bool,
+    /// The broker's last refusal, if it refused.
+    pub reason: Option<String>,
+    /// The hold ended because it lasted its limit, not because commits got through.
+    pub expired: bool,
+}
+
+/// A revoke in progress: its partitions drain until their runs end or the deadline passes.
+#[derive(Debug)]
+struct Revoke {
+    partitions: Vec<TopicPartition>,
+    lost: bool,
+    deadline: Instant,
+}
+
+/// One connection's consumer state.
+pub struct Core<T> {
+    partitions: PartitionSet<T>,
+    committer: Committer,
+    /// Whether new runs wait for commits to get through (last decided).
+    holding: bool,
+    revoke: Option<Revoke>,
+    /// How long a revoke waits for its runs in flight.
+    drain_timeout: Duration,
+    /// Set by [`Core::on_stop`]: nothing starts but the batches flushed then.
+    stopping: bool,
+    /// Commands decided outside [`Core::poll`] (a revoke's flushed batches), handed out by it.
+    pending: Vec<Command<T>>,
+    /// Reused between polls.
+    actions: Actions<T>,
+}
+
+impl<T: Clone> Core<T> {
+    /// A core with these buffer limits; commits at most every `commit_interval`; new runs
+    /// wait at most `hold_limit` for refused commits; a revoke waits at most `drain_timeout`.
+    pub fn new(
+        limits: Limits,
+        commit_interval: Duration,
+        hold_limit: Duration,
+        drain_timeout: Duration,
+    ) -> Self {
+        Self {
+            partitions: PartitionSet::new(limits),
+            committer: Committer::new(commit_interval, hold_limit),
+            holding: false,
+            revoke: None,
+            drain_timeout,
+            stopping: false,
+            pending: Vec::new(),
+            actions: Actions::default(),
+        }
+    }
+
+    /// The partitions, for reports (stalls, lag, health).
+    pub fn partitions(&self) -> &PartitionSet<T> {
+        &self.partitions
+    }
+
+    /// The partitions, for the stall check (it marks progress).
+    pub fn partitions_mut(&mut self) -> &mut PartitionSet<T> {
+        &mut self.partitions
+    }
+
+    /// Whether a revoke is in progress: the shell takes no consumer event meanwhile (the
+    /// consumer is inside its rebalance callback, waiting for [`Command::FinishRevoke`]).
+    pub fn revoking(&self) -> bool {
+        self.revoke.is_some()
+    }
+
+    /// Partitions were assigned, each with the trigger that consumes its topic. The shell
+    /// resumes them (librdkafka can keep a pause across a revoke and a new assignment).
+    pub fn on_assigned(
+        &mut self,
+        now: Instant,
+        assigned: Vec<(AssignedPartition, TriggerSlot<T>)>,
+    ) {
+        self.committer.rebalanced();
+        for (a, trigger) in assigned {
+            self.partitions.assign(a, trigger, now);
+        }
+    }
+
+    /// Partitions are being revoked (or were `lost`): their waiting batches go out first
+    /// (not when lost), then they drain until their runs end or `drain_timeout` passes.
+    pub fn on_revoked(&mut self, now: Instant, partitions: Vec<TopicPartition>, lost: bool) {
+        if !lost {
+            self.flush_batches(now, Some(&partitions));
+        }
+        self.partitions.begin_revoke(&partitions, lost);
+        self.revoke = Some(Revoke {
+            partitions,
+            lost,
+            deadline: now + self.drain_timeout,
+        });
+    }
+
+    /// A message arrived.
+    pub fn on_message(&mut self, msg: rdkafka::message::OwnedMessage) -> Arrival {
+        self.partitions.on_message(msg)
+    }
+
+    /// The consumer's next-read position of `tp`, after the messages handed over before it.
+    pub fn on_position(&mut self, tp: &TopicPartition, position: Option<i64>) {
+        self.partitions.on_position(tp, position);
+    }
+
+    /// A run started by [`Command::Start`] ended: each record's offset and whether it is
+    /// handled (accepted, skipped, dead-lettered). `batch` says the run was a batch (keyless).
+    /// Returns false for a run of an earlier assignment (its end changes nothing).
+    pub fn on_run_finished(
+        &mut self,
+        id: PartitionId,
+        generation: u64,
+        key: &Option<Vec<u8>>,
+        batch: bool,
+        records: &[(i64, bool)],
+    ) -> bool {
+        let known = match records {
+            [(offset, handled)] if !batch => self
+                .partitions
+                .on_completion(id, generation, key, *offset, *handled),
+            _ => self.partitions.on_batch_completion(id, generation, records),
+        };
+        known.is_some()
+    }
+
+    /// A run of the trigger with this index gave its permit back while it waits to retry.
+    pub fn on_yielded(&mut self, trigger: usize) {
+        self.partitions.wake_starved(trigger);
+    }
+
+    /// The answer to the last [`Command::Commit`].
+    pub fn on_commit_answer(&mut self, now: Instant, results: &[CommitResult]) {
+        self.committer.on_answer(now, results);
+    }
+
+    /// The connection stops: batches waiting go out, nothing else starts, retries stop.
+    pub fn on_stop(&mut self, now: Instant) {
+        self.flush_batches(now, None);
+        self.partitions.drain_all();
+        self.stopping = true;
+    }
+
+    /// The final commit of a stop (after the runs drained and the commit thread's last
+    /// request was answered), except partitions of a lost assignment in progress.
+    pub fn stop_commit(&mut self) -> CommitBatch {
+        let lost: Vec<TopicPartition> = match &self.revoke {
+            Some(r) if r.lost => r.partitions.clone(),
+            _ => Vec::new(),
+        };
+        let tps: Vec<TopicPartition> = self
+            .partitions
+            .iter()
+            .map(|p| p.tp.clone())
+            .filter(|tp| !lost.contains(tp))
+            .collect();
+        self.final_commits(&tps)
+    }
+
+    /// Whether a commit request is out without an answer.
+    pub fn commit_out(&self) -> bool {
+        self.committer.request_out()
+    }
+
+    /// Everything that is due at `now`, appended to `out` in order: a revoke's end, a change
+    /// of the hold, runs to start, pauses and resumes, and the next commit request.
+    pub fn poll(&mut self, now: Instant, out: &mut Vec<Command<T>>) {
+        out.append(&mut self.pending);
+        self.try_finish_revoke(now, out);
+        self.update_hold(now, out);
+        // Once stopping, the shell commits for the last time itself (`stop_commit`).
+        if !self.stopping {
+            self.process(now, out);
+            self.take_commits(now, out);
+        }
+    }
+
+    /// When [`Core::poll`] next has something to do if no event comes first: a revoke's
+    /// deadline, a commit slot or resend, a batch's `max_wait`.
+    pub fn next_wake(&self, now: Instant) -> Option<Instant> {
+        let slot = self
+            .partitions
+            .commits_pending()
+            .then(|| self.committer.next_slot(now))
+            .flatten();
+        [
+            self.revoke.as_ref().map(|r| r.deadline),
+            slot,
+            self.committer.next_due(),
+            self.partitions.next_batch_due(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// The broker's last refusal and since when, while it refuses.
+    pub fn refusing(&self) -> Option<(Instant, &str)> {
+        self.committer.refusing()
+    }
+
+    fn flush_batches(&mut self, now: Instant, tps: Option<&[TopicPartition]>) {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.partitions.flush_batches(now, tps, &mut actions);
+        self.pending
+            .extend(actions.starts.drain(..).map(Command::Start));
+        self.actions = actions;
+    }
+
+    /// Ends the revoke in progress once its runs ended (or its deadline passed) and the
+    /// commit request out was answered: a request taken before could otherwise reach the
+    /// broker after the final commit and move the offset back.
+    fn try_finish_revoke(&mut self, now: Instant, out: &mut Vec<Command<T>>) {
+        let Some(r) = &self.revoke else {
+            return;
+        };
+        let in_flight = self.partitions.in_flight_of(&r.partitions);
+        let expired = now >= r.deadline;
+        if (in_flight > 0 || self.committer.request_out()) && !expired {
+            return;
+        }
+        let Some(r) = self.revoke.take() else {
+            return;
+        };
+        let commit = if r.lost {
+            Vec::new()
+        } else {
+            self.final_commits(&r.partitions)
+        };
+        for tp in &r.partitions {
+            let _ = self.partitions.remove(tp);
+            self.committer.forget(tp);
+        }
+        out.push(Command::FinishRevoke(RevokeEnd {
+            partitions: r.partitions,
+            commit,
+            abandoned: in_flight,
+        }));
+    }
+
+    fn final_commits(&mut self, tps: &[TopicPartition]) -> CommitBatch {
+        tps.iter()
+            .filter_map(|tp| {
+                let (offset, metadata) = self.partitions.final_commit(tp)?;
+                Some((tp.clone(), offset, metadata))
+            })
+            .collect()
+    }
+
+    fn update_hold(&mut self, now: Instant, out: &mut Vec<Command<T>>) {
+        let holding = self.committer.holding(now);
+        if holding == self.holding {
+            return;
+        }
+        self.holding = holding;
+        self.partitions.set_holding(holding);
+        let reason = self.committer.refusing().map(|(_, r)| r.to_owned());
+        out.push(Command::Hold(HoldChange {
+            holding,
+            expired: !holding && reason.is_some(),
+            reason,
+        }));
+    }
+
+    fn process(&mut self, now: Instant, out: &mut Vec<Command<T>>) {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.partitions.process(now, &mut actions);
+        out.extend(actions.starts.drain(..).map(Command::Start));
+        for (pause, list) in [(true, &mut actions.pause), (false, &mut actions.resume)] {
+            if !list.is_empty() {
+                let partitions = std::mem::take(list);
+                out.push(Command::Flow { pause, partitions });
+            }
+        }
+        self.actions = actions;
+    }
+
+    /// Moved commit offsets are taken (their metadata encoded) only when a request may go
+    /// out; then whatever is due goes in one request.
+    fn take_commits(&mut self, now: Instant, out: &mut Vec<Command<T>>) {
+        if self.partitions.commits_pending() && self.committer.can_send(now) {
+            let committer = &mut self.committer;
+            self.partitions.take_commits(now, |tp, offset, metadata| {
+                committer.want(tp.clone(), offset, metadata);
+            });
+        }
+        let due = self.committer.take_due(now);
+        if !due.is_empty() {
+            out.push(Command::Commit(due));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rdkafka::message::OwnedMessage;
+    use rdkafka::Timestamp;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+    use crate::config::Ordering;
+
+    const TICK: Duration = Duration::from_millis(10);
+
+    fn tp(p: i32) -> TopicPartition {
+        TopicPartition {
+            topic: "t".into(),
+            partition: p,
+        }
+    }
+
+    fn msg(p: i32, offset: i64, key: &str) -> OwnedMessage {
+        let key = Some(key.as_bytes().to_vec());
+        OwnedMessage::new(
+            None,
+            key,
+            "t".into(),
+            Timestamp::NotAvailable,
+            p,
+            offset,
+            None,
+        )
+    }
+
+    fn core() -> Core<()> {
+        let limits = Limits {
+            per_partition: 100,
+            max_bytes: 1 << 20,
+            max_tracked_above: 100,
+        };
+        Core::new(
+            limits,
+            TICK,
+            Duration::from_secs(30),
+            Duration::from_secs(5),
+        )
+    }
+
+    /// `core` with partitions 0 and 1 assigned (nothing committed yet).
+    fn assigned(now: Instant) -> Core<()> {
+        let mut c = core();
+        let permits = Arc::new(Semaphore::new(8));
+        let slots = (0..2)
+            .map(|p| {
+                let a = AssignedPartition {
+                    tp: tp(p),
+                    committed: None,
+                    metadata: String::new(),
+                };
+                let slot = TriggerSlot {
+                    index: 0,
+                    ordering: Ordering::Key,
+                    permits: Arc::clone(&permits),
+                    runtime: (),
+                    batch: None,
+                };
+                (a, slot)
+            })
+            .collect();
+        c.on_assigned(now, slots);
+        c
+    }
+
+    fn poll(c: &mut Core<()>, now: Instant) -> Vec<Command<()>> {
+        let mut out = Vec::new();
+        c.poll(now, &mut out);
+        out
+    }
+
+    fn starts(out: &mut Vec<Command<()>>) -> Vec<Start<()>> {
+        let mut starts = Vec::new();
+        out.retain_mut(|c| match c {
+            Command::Start(_) => {
+                let Command::Start(s) = std::mem::replace(
+                    c,
+                    Command::Flow {
+                        pause: false,
+                        partitions: Vec::new(),
+                    },
+                ) else {
+                    unreachable!()
+                };
+                starts.push(s);
+                false
+            }
+            _ => true,
+        });
+        starts
+    }
+
+    fn commits(out: &[Command<()>]) -> Vec<CommitBatch> {
+        out.iter()
+            .filter_map(|c| match c {
+                Command::Commit(b) => Some(b.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn finish(c: &mut Core<()>, s: &Start<()>, handled: bool) {
+        use rdkafka::message::Message as _;
+        let records = [(s.msg.offset(), handled)];
+        assert!(c.on_run_finished(s.id, s.generation, &s.key, false, &records));
+    }
+
+    fn ok(batch: &CommitBatch) -> Vec<CommitResult> {
+        batch
+            .iter()
+            .map(|(tp, offset, metadata)| CommitResult {
+                tp: tp.clone(),
+                offset: *offset,
+                metadata: metadata.clone(),
+                refused: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_accepted_run_is_committed_in_one_request_at_a_time() {
+        let t0 = Instant::now();
+        let mut c = assigned(t0);
+        let _ = c.on_message(msg(0, 0, "a"));
+        let _ = c.on_message(msg(0, 1, "b"));
+        let mut out = poll(&mut c, t0);
+        let runs = starts(&mut out);
+        assert_eq!(runs.len(), 2, "different keys run side by side");
+        finish(&mut c, &runs[0], true);
+        let out = poll(&mut c, t0 + TICK);
+        let sent = commits(&out);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0][0].1, 1, "offset 0 accepted: commit 1");
+        // The second run ends while the request is out: nothing more goes out until it is
+        // answered.
+        finish(&mut c, &runs[1], true);
+        assert!(commits(&poll(&mut c, t0 + TICK * 3)).is_empty());
+        assert!(c.commit_out());
+        c.on_commit_answer(t0 + TICK * 3, &ok(&sent[0]));
+        let next = commits(&poll(&mut c, t0 + TICK * 4));
+        assert_eq!(next[0][0].1, 2);
+    }
+
+    #[test]
+    fn a_revoke_commits_last_after_its_runs_and_the_request_out() {
+        let t0 = Instant::now();
+        let mut c = assigned(t0);
+        let _ = c.on_message(msg(0, 0, "a"));
+        let _ = c.on_message(msg(0, 1, "b"));
+        let mut out = poll(&mut c, t0);
+        let mut runs = starts(&mut out);
+        let second = runs.remove(1);
+        finish(&mut c, &runs[0], true);
+        let sent = commits(&poll(&mut c, t0 + TICK));
+        assert_eq!(sent.len(), 1);
+        // Revoked while offset 1 runs and the request for offset 1 is out.
+        c.on_revoked(t0 + TICK, vec![tp(0)], false);
+        assert!(c.revoking());
+        assert!(second.drain.is_cancelled(), "the drain stops its retries");
+        assert!(
+            poll(&mut c, t0 + TICK * 2).is_empty(),
+            "its run is in flight"
+        );
+        finish(&mut c, &second, true);
+        let out = poll(&mut c, t0 + TICK * 3);
+        assert!(
+            !out.iter().any(|c| matches!(c, Command::FinishRevoke(_))),
+            "the request out is answered first"
+        );
+        c.on_commit_answer(t0 + TICK * 3, &ok(&sent[0]));
+        let out = poll(&mut c, t0 + TICK * 4);
+        let end = out
+            .into_iter()
+            .find_map(|c| match c {
+                Command::FinishRevoke(end) => Some(end),
+                _ => None,
+            })
+            .expect("the revoke ends");
+        assert_eq!(end.partitions, vec![tp(0)]);
+        assert_eq!(end.commit, vec![(tp(0), 2, String::new())]);
+        assert_eq!(end.abandoned, 0);
+        assert!(!c.revoking());
+        assert!(c.partitions().by_tp(&tp(0)).is_none(), "forgotten");
+        // A late answer for the forgotten partition brings no commit state back.
+        c.on_commit_answer(t0 + TICK * 5, &ok(&end.commit));
+        assert!(commits(&poll(&mut c, t0 + TICK * 6)).is_empty());
+    }
+
+    #[test]
+    fn a_lost_assignment_commits_nothing_and_a_revoke_gives_up_on_runs_at_its_deadline() {
+        let t0 = Instant::now();
+        let mut c = assigned(t0);
+        let _ = c.on_message(msg(1, 0, "a"));
+        let mut out = poll(&mut c, t0);
+        let run = starts(&mut out).remove(0);
+        c.on_revoked(t0, vec![tp(1)], true);
+        assert!(
+            run.cancel.is_cancelled(),
+            "a lost partition's attempts are abandoned"
+        );
+        assert!(poll(&mut c, t0 + Duration::from_secs(1)).is_empty());
+        assert_eq!(c.next_wake(t0), Some(t0 + Duration::from_secs(5)));
+        let out = poll(&mut c, t0 + Duration::from_secs(5));
+        let Some(Command::FinishRevoke(end)) = out.into_iter().next() else {
+            panic!("the deadline ends the revoke");
+        };
+        assert!(end.commit.is_empty());
+        assert_eq!(end.abandoned, 1);
+        // The run's end after the revoke changes nothing.
+        use rdkafka::message::Message as _;
+        let records = [(run.msg.offset(), true)];
+        assert!(!c.on_run_finished(run.id, run.generation, &run.key, false, &records));
+    }
+
+    #[test]
+    fn refused_commits_hold_new_runs_until_one_is_confirmed() {
+        let t0 = Instant::now();
+        let mut c = assigned(t0);
+        let _ = c.on_message(msg(0, 0, "a"));
+        let mut out = poll(&mut c, t0);
+        finish(&mut c, &starts(&mut out)[0], true);
+        let sent = commits(&poll(&mut c, t0 + TICK)).remove(0);
+        let mut refused = ok(&sent);
+        refused[0].refused = Some("REBALANCE_IN_PROGRESS".into());
+        c.on_commit_answer(t0 + TICK * 2, &refused);
+        let _ = c.on_message(msg(0, 1, "b"));
+        let mut out = poll(&mut c, t0 + TICK * 2);
+        assert!(starts(&mut out).is_empty(), "new runs wait");
+        assert!(matches!(&out[..], [Command::Hold(h)] if h.holding && h.reason.is_some()));
+        // The refused commit goes again after its backoff and is confirmed.
+        let again = commits(&poll(&mut c, t0 + Duration::from_secs(1))).remove(0);
+        c.on_commit_answer(t0 + Duration::from_secs(1), &ok(&again));
+        let mut out = poll(&mut c, t0 + Duration::from_secs(1));
+        assert_eq!(starts(&mut out).len(), 1, "runs start again");
+        assert!(out
+            .iter()
+            .any(|c| matches!(c, Command::Hold(h) if !h.holding && !h.expired)));
+    }
+
+    #[test]
+    fn a_stop_starts_nothing_new_and_commits_the_latest_state() {
+        let t0 = Instant::now();
+        let mut c = assigned(t0);
+        let _ = c.on_message(msg(0, 0, "a"));
+        let mut out = poll(&mut c, t0);
+        let run = starts(&mut out).remove(0);
+        let _ = c.on_message(msg(0, 1, "b"));
+        c.on_stop(t0);
+        finish(&mut c, &run, true);
+        let out = poll(&mut c, t0 + TICK);
+        assert!(
+            out.is_empty(),
+            "nothing starts and nothing commits but the last commit"
+        );
+        assert_eq!(c.stop_commit(), vec![(tp(0), 1, String::new())]);
+    }
+}
