@@ -20,6 +20,7 @@ pub mod cli;
 pub mod codec;
 pub mod config;
 pub mod dispatch;
+pub mod fuzz;
 pub mod kafka;
 pub mod ops;
 pub mod produce;

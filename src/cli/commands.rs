@@ -67,7 +67,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
                 },
                 None,
             );
-            match crate::produce::command::run(&config, &args).await {
+            match super::produce::run(&config, &args).await {
                 Ok(summary) => {
                     eprintln!("{summary}");
                     ExitCode::SUCCESS

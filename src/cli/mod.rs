@@ -3,6 +3,7 @@
 pub mod commands;
 pub mod dev_dispatcher;
 pub mod http_load;
+mod produce;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

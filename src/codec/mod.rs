@@ -8,7 +8,6 @@
 mod avro;
 pub mod avro_json;
 pub mod encode;
-pub mod fuzz;
 pub mod headers;
 mod protobuf;
 pub mod registry;

@@ -851,19 +851,38 @@ fn regression_seeds_hold() {
 fn simulated_schedules_keep_every_invariant() {
     let schedules = env_u64("TESSEL_SIM_SCHEDULES", 3_000);
     let first = env_u64("TESSEL_SIM_FIRST_SEED", 1);
+    // Seeds are independent: each thread takes every n-th one.
+    let threads = env_u64(
+        "TESSEL_SIM_THREADS",
+        std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+    )
+    .max(1);
     let started = std::time::Instant::now();
-    let mut failures = Vec::new();
-    for seed in first..first + schedules {
-        if let Err(e) = run_or_shrink(Params::from_seed(seed)) {
-            failures.push(format!("seed {seed}: {e}"));
-            if failures.len() >= 3 {
-                break;
-            }
-        }
-    }
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut failures = Vec::new();
+                    let mut seed = first + t;
+                    while seed < first + schedules && failures.len() < 3 {
+                        if let Err(e) = run_or_shrink(Params::from_seed(seed)) {
+                            failures.push(format!("seed {seed}: {e}"));
+                        }
+                        seed += threads;
+                    }
+                    failures
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|_| vec!["a thread panicked".into()]))
+            .collect()
+    });
+    let seconds = started.elapsed().as_secs_f64();
     eprintln!(
-        "simulation: {schedules} schedules from seed {first} in {:.1} s",
-        started.elapsed().as_secs_f64()
+        "simulation: {schedules} schedules from seed {first} on {threads} threads in {seconds:.1} s ({:.0} schedules/s)",
+        schedules as f64 / seconds
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -7,7 +7,6 @@
 //! and the answer waits for every acknowledgement. A transactional batch is all or nothing.
 
 pub mod api;
-pub mod command;
 pub mod produce_only;
 pub mod producer;
 mod request;

@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: (i64, &str)| {
-    tessel_kafka::codec::fuzz::commit_metadata(input.0, input.1);
+    tessel_kafka::fuzz::commit_metadata(input.0, input.1);
 });

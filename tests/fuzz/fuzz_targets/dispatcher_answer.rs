@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|text: &str| {
-    tessel_kafka::codec::fuzz::dispatcher_answer(text);
+    tessel_kafka::fuzz::dispatcher_answer(text);
 });

@@ -4,5 +4,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: (&str, &str)| {
-    tessel_kafka::codec::fuzz::filter(input.0, input.1);
+    tessel_kafka::fuzz::filter(input.0, input.1);
 });

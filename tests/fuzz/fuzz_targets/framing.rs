@@ -3,6 +3,6 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    tessel_kafka::codec::fuzz::framing(data);
-    tessel_kafka::codec::fuzz::schemaless(data);
+    tessel_kafka::fuzz::framing(data);
+    tessel_kafka::fuzz::schemaless(data);
 });

@@ -11,5 +11,5 @@ fuzz_target!(|data: &[u8]| {
     let Ok(schema) = tessel_kafka_fuzz::json_schema(&mut u) else {
         return;
     };
-    let _ = tessel_kafka::codec::fuzz::decode_with_schema(SchemaType::Json, &schema, payload);
+    let _ = tessel_kafka::fuzz::decode_with_schema(SchemaType::Json, &schema, payload);
 });

@@ -12,5 +12,5 @@ fuzz_target!(|data: &[u8]| {
     let Ok(file) = tessel_kafka_fuzz::proto_file(&mut u) else {
         return;
     };
-    let _ = tessel_kafka::codec::fuzz::decode_with_schema(SchemaType::Protobuf, &file, payload);
+    let _ = tessel_kafka::fuzz::decode_with_schema(SchemaType::Protobuf, &file, payload);
 });

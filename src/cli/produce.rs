@@ -8,13 +8,13 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use serde_json::{json, Map, Value as Json};
 
-use super::{parse_value, Publisher};
+use crate::produce::{parse_value, Publisher};
 use crate::cli::ProduceArgs;
 use crate::config::Config;
 use crate::kafka::supervisor::SharedClients;
 
 /// Writes the records `args` describe; returns a summary line.
-pub async fn run(config: &Config, args: &ProduceArgs) -> anyhow::Result<String> {
+pub(super) async fn run(config: &Config, args: &ProduceArgs) -> anyhow::Result<String> {
     let (name, conn) = match &args.connection {
         Some(n) => (
             n.as_str(),

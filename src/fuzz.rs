@@ -8,8 +8,8 @@ use std::rc::Rc;
 
 use serde_json::Value as Json;
 
-use super::registry::{self, ResolvedSchema, SchemaType};
-use super::{wire, DecodeError, Decoder, Field};
+use crate::codec::registry::{self, ResolvedSchema, SchemaType};
+use crate::codec::{wire, DecodeError, Decoder, Field};
 
 /// Decodes `payload` (a framed body without the 5-byte header: Protobuf bodies start with
 /// their message indexes) written with the schema `schema_text` of `schema_type`, as the
