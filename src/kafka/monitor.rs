@@ -17,7 +17,7 @@ use tokio_util::task::TaskTracker;
 use super::batch::BatchLimits;
 use super::context::ConnectorContext;
 use super::partitions::PartitionSet;
-use super::worker::TriggerRuntime;
+use super::run::TriggerRuntime;
 use crate::admin::health::{ConnectionHealth, HealthRegistry};
 use crate::codec::registry::RegistryClient;
 use crate::config::ConnectionConfig;
