@@ -2,8 +2,8 @@
 //! message, continuing its `traceparent`), with children `decode`, `dispatch` (one per
 //! attempt) and `commit` (the offset handed to the commit pipeline). Without `[otlp]` they are
 //! not created at all ([`exporting`]). A batch trigger's batch is one `consume` span linked
-//! to each record's trace ([`consume_span`]), with `decode` children, a `dispatch` child per
-//! request and a `commit` child per record.
+//! to each record's trace ([`consume_span`]), with `decode` children and a `dispatch` child
+//! per request.
 
 use std::collections::HashMap;
 
@@ -48,41 +48,32 @@ pub fn consume_span(
     if !exporting() {
         return tracing::Span::none();
     }
-    let span = if batch {
-        tracing::info_span!(
-            target: TARGET,
-            "consume",
-            otel.name = %format!("process {}", first.topic()),
-            otel.kind = "consumer",
-            messaging.system = "kafka",
-            messaging.operation.type = "process",
-            messaging.destination.name = %first.topic(),
-            messaging.destination.partition.id = first.partition(),
-            // As i64: tracing-opentelemetry exports unsigned integers as strings.
-            messaging.batch.message_count = msgs.len() as i64,
-            messaging.consumer.group.name = %group,
-            tessel.connection = %connection,
-            tessel.trigger = %trigger,
-            tessel.batch.first_offset = first.offset(),
-            tessel.batch.last_offset = last.offset(),
-        )
+    let span = tracing::info_span!(
+        target: TARGET,
+        "consume",
+        otel.name = %format!("process {}", first.topic()),
+        otel.kind = "consumer",
+        messaging.system = "kafka",
+        messaging.operation.type = "process",
+        messaging.destination.name = %first.topic(),
+        messaging.destination.partition.id = first.partition(),
+        messaging.kafka.offset = tracing::field::Empty,
+        messaging.batch.message_count = tracing::field::Empty,
+        messaging.consumer.group.name = %group,
+        tessel.connection = %connection,
+        tessel.trigger = %trigger,
+        tessel.batch.first_offset = tracing::field::Empty,
+        tessel.batch.last_offset = tracing::field::Empty,
+        tessel.outcome = tracing::field::Empty,
+    );
+    if batch {
+        // As i64: tracing-opentelemetry exports unsigned integers as strings.
+        span.record("messaging.batch.message_count", msgs.len() as i64);
+        span.record("tessel.batch.first_offset", first.offset());
+        span.record("tessel.batch.last_offset", last.offset());
     } else {
-        tracing::info_span!(
-            target: TARGET,
-            "consume",
-            otel.name = %format!("process {}", first.topic()),
-            otel.kind = "consumer",
-            messaging.system = "kafka",
-            messaging.operation.type = "process",
-            messaging.destination.name = %first.topic(),
-            messaging.destination.partition.id = first.partition(),
-            messaging.kafka.offset = first.offset(),
-            messaging.consumer.group.name = %group,
-            tessel.connection = %connection,
-            tessel.trigger = %trigger,
-            tessel.outcome = tracing::field::Empty,
-        )
-    };
+        span.record("messaging.kafka.offset", first.offset());
+    }
     if span.is_disabled() {
         return span;
     }

@@ -284,7 +284,8 @@ impl<Y: Fn()> Run<'_, Y> {
     ) -> Then {
         let trigger = self.trigger;
         let policy = trigger.retry_policy();
-        let (observed, message, status) = match outcome {
+        // The records that failed, what was observed, and what `on_error` is told.
+        let (group, observed, message, status, transient) = match outcome {
             DispatchOutcome::Accepted { status } => {
                 trigger.resume();
                 let nonce = self.conflict_nonce;
@@ -324,15 +325,14 @@ impl<Y: Fn()> Run<'_, Y> {
                     "dispatcher accepted the batch but for some events; they are sent again"
                 );
                 let transient = failed_again(records, &retry);
-                let next = decide(
+                let message = "some events of the batch failed".to_owned();
+                (
+                    retry,
                     Observed::Retryable { retry_after: None },
+                    message,
+                    None,
                     transient,
-                    &policy,
-                );
-                let step = Step::of(next, |class| {
-                    dispatch_failure(class, "some events of the batch failed".into(), None)
-                });
-                return self.after_failure(records, stack, retry, step, true).await;
+                )
             }
             DispatchOutcome::Retryable {
                 status,
@@ -352,9 +352,13 @@ impl<Y: Fn()> Run<'_, Y> {
                     attempt = transient, error = %reason, "dispatch failed, will retry"
                 );
                 let message = format!("{transient} attempts failed; last: {reason}");
-                let next = decide(Observed::Retryable { retry_after }, transient, &policy);
-                let step = Step::of(next, |class| dispatch_failure(class, message, status));
-                return self.after_failure(records, stack, group, step, true).await;
+                (
+                    group,
+                    Observed::Retryable { retry_after },
+                    message,
+                    status,
+                    transient,
+                )
             }
             DispatchOutcome::Rejected { status, reason } => {
                 trigger.resume();
@@ -375,7 +379,8 @@ impl<Y: Fn()> Run<'_, Y> {
                     "dispatcher rejected the message"
                 );
                 let message = format!("dispatcher answered HTTP {status}: {reason}");
-                (Observed::Rejected, message, Some(status))
+                let transient = most_transient(records, &group);
+                (group, Observed::Rejected, message, Some(status), transient)
             }
             DispatchOutcome::Invalid { reason } => {
                 let what = if self.batch { "batch" } else { "record" };
@@ -389,20 +394,28 @@ impl<Y: Fn()> Run<'_, Y> {
                     "{what} cannot be sent to the dispatcher"
                 );
                 let message = format!("request cannot be built: {reason}");
-                (Observed::Invalid, message, None)
+                let transient = most_transient(records, &group);
+                (group, Observed::Invalid, message, None, transient)
             }
             DispatchOutcome::Unauthorized { status, reason } => {
                 trigger.stop(&format!("dispatcher answered HTTP {status} ({reason})"));
-                (Observed::Unauthorized, String::new(), Some(status))
+                let transient = most_transient(records, &group);
+                (
+                    group,
+                    Observed::Unauthorized,
+                    String::new(),
+                    Some(status),
+                    transient,
+                )
             }
         };
-        let transient = group
-            .iter()
-            .map(|&i| records[i].attempts.transient)
-            .max()
-            .unwrap_or_default();
-        let next = decide(observed, transient, &policy);
-        let step = Step::of(next, |class| dispatch_failure(class, message, status));
+        let step = Step::of(decide(observed, transient, &policy), |class| Failure {
+            stage: "DISPATCH",
+            class,
+            message,
+            status,
+            schema_id: None,
+        });
         self.after_failure(records, stack, group, step, true).await
     }
 
@@ -503,25 +516,19 @@ impl<Y: Fn()> Run<'_, Y> {
 
 /// One more transient failure for each record of `group`; the most any of them has had.
 fn failed_again(records: &mut [Record], group: &[usize]) -> u32 {
-    group
-        .iter()
-        .map(|&i| {
-            records[i].attempts.transient += 1;
-            records[i].attempts.transient
-        })
-        .max()
-        .unwrap_or_default()
+    for &i in group {
+        records[i].attempts.transient += 1;
+    }
+    most_transient(records, group)
 }
 
-/// A failed dispatch, as `on_error` is told of it.
-fn dispatch_failure(class: &'static str, message: String, status: Option<u16>) -> Failure {
-    Failure {
-        stage: "DISPATCH",
-        class,
-        message,
-        status,
-        schema_id: None,
-    }
+/// The most transient failures a record of `group` has had.
+fn most_transient(records: &[Record], group: &[usize]) -> u32 {
+    group
+        .iter()
+        .map(|&i| records[i].attempts.transient)
+        .max()
+        .unwrap_or_default()
 }
 
 fn accepted(trigger: &TriggerRuntime, r: &mut Record) {

@@ -23,12 +23,13 @@ pub(super) fn is_batch(trigger: &TriggerRuntime, records: usize) -> bool {
 
 /// A record's part of its run's request, rendered by the attempt that screened it.
 pub(super) enum Rendered {
-    /// The event of docs/event.md: a single event's body, or one of a batch's events.
-    Tessel(Vec<u8>),
-    /// A single event's CloudEvent in binary mode: its body and its `ce-*` headers.
-    Binary(Vec<u8>, HeaderMap),
+    /// A single event's request: the event of docs/event.md, or a CloudEvent in binary mode,
+    /// and the headers its envelope adds.
+    Single(Vec<u8>, HeaderMap),
+    /// One event of a batch (docs/event.md).
+    Event(Vec<u8>),
     /// One CloudEvent of a batch, in structured mode.
-    Structured(Json),
+    CloudEvent(Json),
 }
 
 fn source(trigger: &TriggerRuntime) -> EventSource<'_> {
@@ -39,8 +40,7 @@ fn source(trigger: &TriggerRuntime) -> EventSource<'_> {
     }
 }
 
-/// The record's part of the request: its event (`tessel`), or its CloudEvent (binary mode
-/// alone, structured mode in a batch).
+/// The record's part of the request.
 pub(super) fn render(
     trigger: &TriggerRuntime,
     batch: bool,
@@ -50,14 +50,18 @@ pub(super) fn render(
     key: &Decoded,
     value: &Decoded,
 ) -> Rendered {
-    match (&trigger.cloudevents, batch) {
-        (None, _) => Rendered::Tessel(event::render(source(trigger), id, msg, headers, key, value)),
-        (Some(ce), false) => {
-            let (body, headers) = ce.render(&cloudevents::ce_record(id, msg, key, value));
-            Rendered::Binary(body, headers)
+    let ce = trigger.cloudevents.as_ref();
+    match (ce, batch) {
+        (_, false) => {
+            let (body, envelope) =
+                cloudevents::request(ce, source(trigger), id, msg, headers, key, value);
+            Rendered::Single(body, envelope)
+        }
+        (None, true) => {
+            Rendered::Event(event::render(source(trigger), id, msg, headers, key, value))
         }
         (Some(ce), true) => {
-            Rendered::Structured(ce.structured(&cloudevents::ce_record(id, msg, key, value)))
+            Rendered::CloudEvent(ce.structured(&cloudevents::ce_record(id, msg, key, value)))
         }
     }
 }
@@ -82,10 +86,9 @@ pub(super) fn request(
     let mut events = group.iter().filter_map(|&i| records[i].event.take());
     if !batch {
         let (body, envelope) = match events.next() {
-            Some(Rendered::Tessel(body)) => (body, HeaderMap::new()),
-            Some(Rendered::Binary(body, headers)) => (body, headers),
-            Some(Rendered::Structured(e)) => (e.to_string().into_bytes(), HeaderMap::new()),
-            None => (b"{}".to_vec(), HeaderMap::new()),
+            Some(Rendered::Single(body, envelope)) => (body, envelope),
+            // Not reached: a single trigger's record is rendered as `Single`.
+            _ => (b"{}".to_vec(), HeaderMap::new()),
         };
         let key = records[group[0]].id.clone();
         return Request {
@@ -97,8 +100,8 @@ pub(super) fn request(
     let (mut tessel, mut structured) = (Vec::new(), Vec::new());
     for e in events {
         match e {
-            Rendered::Tessel(body) | Rendered::Binary(body, _) => tessel.push(body),
-            Rendered::Structured(e) => structured.push(e),
+            Rendered::Single(body, _) | Rendered::Event(body) => tessel.push(body),
+            Rendered::CloudEvent(e) => structured.push(e),
         }
     }
     let (first, last) = (&records[group[0]].msg, &records[group[group.len() - 1]].msg);

@@ -28,7 +28,7 @@
 //! While waiting to retry, a run gives its concurrency permit back, so a failing key only
 //! parks itself: other keys keep the trigger's full concurrency.
 //!
-//! The decisions are pure: [`decide`] here and [`crate::kafka::batch`].
+//! The decisions are pure: [`decide()`] here and [`crate::kafka::batch`].
 
 pub(super) mod attempt;
 pub(super) mod body;
@@ -99,7 +99,7 @@ impl TriggerRuntime {
             .get_or_init(|| metrics::TriggerMetrics::new(&self.connection, &self.name))
     }
 
-    /// The trigger's retry settings, for [`decide`].
+    /// The trigger's retry settings, for [`decide()`].
     pub fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy {
             max_attempts: self.config.retry.max_attempts,

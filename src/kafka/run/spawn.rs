@@ -158,7 +158,8 @@ impl Runs {
                 key,
                 batch,
                 records,
-                span,
+                // A batch's span has no outcome of its own, nor commit children.
+                span: if batch { tracing::Span::none() } else { span },
             }));
         }));
     }
