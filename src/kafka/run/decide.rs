@@ -197,15 +197,23 @@ mod tests {
 
     #[test]
     fn rejections_and_invalid_requests_fail_at_once_and_credentials_stop_the_trigger() {
-        assert_eq!(
-            decide(Observed::Rejected, 0, &UNLIMITED),
-            Next::Fail("dispatch_rejected")
-        );
-        assert_eq!(
-            decide(Observed::Invalid, 0, &UNLIMITED),
-            Next::Fail("request_invalid")
-        );
-        assert_eq!(decide(Observed::Unauthorized, 9, &POLICY), Next::Stop);
+        for (observed, transient, policy, next) in [
+            (
+                Observed::Rejected,
+                0,
+                UNLIMITED,
+                Next::Fail("dispatch_rejected"),
+            ),
+            (
+                Observed::Invalid,
+                0,
+                UNLIMITED,
+                Next::Fail("request_invalid"),
+            ),
+            (Observed::Unauthorized, 9, POLICY, Next::Stop),
+        ] {
+            assert_eq!(decide(observed, transient, &policy), next, "{observed:?}");
+        }
     }
 
     #[test]
@@ -239,17 +247,13 @@ mod tests {
 
     #[test]
     fn a_panic_is_retried_within_the_budget_and_never_without_limit() {
-        assert_eq!(
-            decide(Observed::Panicked, 1, &POLICY),
-            Next::Retry { retry_after: None }
-        );
-        assert_eq!(
-            decide(Observed::Panicked, 3, &POLICY),
-            Next::Fail("worker_panic")
-        );
-        assert_eq!(
-            decide(Observed::Panicked, 1, &UNLIMITED),
-            Next::Fail("worker_panic")
-        );
+        let retry = Next::Retry { retry_after: None };
+        for (transient, policy, next) in [
+            (1, POLICY, retry),
+            (3, POLICY, Next::Fail("worker_panic")),
+            (1, UNLIMITED, Next::Fail("worker_panic")),
+        ] {
+            assert_eq!(decide(Observed::Panicked, transient, &policy), next);
+        }
     }
 }
