@@ -8,10 +8,10 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use serde_json::{json, Map, Value as Json};
 
-use crate::produce::{parse_value, Publisher};
 use crate::cli::ProduceArgs;
 use crate::config::Config;
 use crate::kafka::supervisor::SharedClients;
+use crate::produce::{parse_value, Publisher};
 
 /// Writes the records `args` describe; returns a summary line.
 pub(super) async fn run(config: &Config, args: &ProduceArgs) -> anyhow::Result<String> {

@@ -36,7 +36,7 @@ use serde_json::Value as Json;
 
 use rdkafka::message::{Message, OwnedMessage};
 
-use super::worker::{TriggerRuntime, WorkOutcome};
+use super::run::{TriggerRuntime, WorkOutcome};
 use crate::codec::Decoded;
 use crate::dispatch::event::EventHeader;
 

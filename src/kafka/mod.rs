@@ -11,13 +11,12 @@
 //! # Threads
 //! One OS thread per connection polls librdkafka ([`poll_loop`]); callbacks only hand events
 //! to the async [`supervisor`], which schedules messages per key ([`scheduler`]), tracks
-//! offsets ([`offsets`]) and spawns a task per started message ([`worker`]), or, for a batch
-//! trigger, per batch of a partition's records ([`batch`] decides, `batch_worker` sends).
+//! offsets ([`offsets`]) and spawns a task per run ([`run`]): one record of a single trigger,
+//! or a batch of a partition's records for a batch trigger ([`batch`] decides its bounds).
 //! A connection without triggers runs none of this, only [`crate::produce::produce_only`]'s health probe.
 
 pub mod aws_credentials;
 pub mod batch;
-mod batch_worker;
 pub mod commit_thread;
 pub mod committer;
 pub mod context;
@@ -28,7 +27,7 @@ pub mod offsets;
 pub mod partitions;
 mod poll_loop;
 pub mod record_age;
-mod runs;
+pub mod run;
 pub mod scheduler;
 pub mod security;
 mod setup;
@@ -36,7 +35,6 @@ mod setup;
 mod simulation;
 pub mod supervisor;
 mod threads;
-pub mod worker;
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::KafkaError;

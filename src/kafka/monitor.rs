@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use rdkafka::message::Message as _;
 
 use super::partitions::{Arrival, PartitionId, PartitionSet};
-use super::worker::TriggerRuntime;
+use super::run::TriggerRuntime;
 use crate::admin::health::{ConnectionHealth, HealthRegistry};
 use crate::codec::registry::RegistryClient;
 use crate::config::ConnectionConfig;

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, Semaphore};
 use super::context::ConnectorContext;
 use super::core::Core;
 use super::partitions::{Limits, TriggerSlot};
-use super::worker::TriggerRuntime;
+use super::run::TriggerRuntime;
 use super::{consumer_config, AssignedPartition, ConsumerEvent};
 use crate::codec::registry::RegistryClient;
 use crate::codec::Decoder;

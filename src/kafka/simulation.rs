@@ -876,7 +876,10 @@ fn simulated_schedules_keep_every_invariant() {
             .collect();
         workers
             .into_iter()
-            .flat_map(|w| w.join().unwrap_or_else(|_| vec!["a thread panicked".into()]))
+            .flat_map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| vec!["a thread panicked".into()])
+            })
             .collect()
     });
     let seconds = started.elapsed().as_secs_f64();

@@ -1,6 +1,6 @@
 //! The supervisor of one connection: the shell around the [consumer core](super::core). It
 //! feeds the core the consumer's events, the runs' ends and the commit thread's answers, and
-//! carries out the core's commands: runs started ([`super::runs`]), pauses and resumes (the
+//! carries out the core's commands: runs started ([`super::run`]), pauses and resumes (the
 //! flow thread), commit requests (the commit thread), a revoke's final commit and its
 //! acknowledgement. Every decision is the core's; this file only moves data.
 
@@ -16,7 +16,7 @@ use super::commit_thread;
 use super::committer::CommitResult;
 use super::core::{Command, Core, RevokeEnd};
 use super::monitor::{LagSeconds, Monitor, STALL_CHECK};
-use super::runs::{Runs, WorkerEvent};
+use super::run::spawn::{Runs, WorkerEvent};
 use super::setup::{self, Consumer_, Trigger, Triggers};
 use super::threads::{self, PollThread, Threads};
 use super::{AssignedPartition, ConsumerEvent, EVENT_CHANNEL};

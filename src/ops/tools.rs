@@ -545,7 +545,7 @@ fn original_of(r: &OwnedMessage) -> Option<OwnedMessage> {
     }
     // A dead letter is stamped with the time it was written; the record's own time is in a
     // header (dead letters written before that carry it as their timestamp).
-    let timestamp = header(r, crate::kafka::worker::ORIGINAL_TIMESTAMP_HEADER)
+    let timestamp = header(r, crate::kafka::run::ORIGINAL_TIMESTAMP_HEADER)
         .and_then(|t| t.parse().ok())
         .map_or_else(|| r.timestamp(), rdkafka::Timestamp::CreateTime);
     Some(OwnedMessage::new(

@@ -2,7 +2,8 @@
 //! message, continuing its `traceparent`), with children `decode`, `dispatch` (one per
 //! attempt) and `commit` (the offset handed to the commit pipeline). Without `[otlp]` they are
 //! not created at all ([`exporting`]). A batch trigger's batch is one `consume` span linked
-//! to each record's trace ([`batch_span`]), with a `dispatch` child per request.
+//! to each record's trace ([`consume_span`]), with `decode` children and a `dispatch` child
+//! per request.
 
 use std::collections::HashMap;
 
@@ -27,54 +28,17 @@ pub(crate) fn set_exporting() {
     EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The `consume` span of one message, child of the message's `traceparent` header when it
-/// has one.
-pub fn message_span(
-    connection: &str,
-    group: &str,
-    trigger: &str,
-    msg: &rdkafka::message::OwnedMessage,
-) -> tracing::Span {
-    use rdkafka::message::Message as _;
-    if !exporting() {
-        return tracing::Span::none();
-    }
-    let span = tracing::info_span!(
-        target: TARGET,
-        "consume",
-        otel.name = %format!("process {}", msg.topic()),
-        otel.kind = "consumer",
-        messaging.system = "kafka",
-        messaging.operation.type = "process",
-        messaging.destination.name = %msg.topic(),
-        messaging.destination.partition.id = msg.partition(),
-        messaging.kafka.offset = msg.offset(),
-        messaging.consumer.group.name = %group,
-        tessel.connection = %connection,
-        tessel.trigger = %trigger,
-        tessel.outcome = tracing::field::Empty,
-    );
-    if span.is_disabled() {
-        return span;
-    }
-    let carrier = trace_headers(msg);
-    if carrier.contains_key("traceparent") {
-        let parent = TraceContextPropagator::new().extract(&carrier);
-        let _ = span.set_parent(parent);
-    }
-    span
-}
-
-/// The `consume` span of a batch (batch triggers): one span for the batch's records, linked
+/// The `consume` span of a run. A single trigger's record: its span, child of the record's
+/// `traceparent` header when it has one. A batch (`batch`): one span for its records, linked
 /// to the trace of each record that carries a `traceparent` (OpenTelemetry's messaging
-/// conventions for batch processing: one run cannot be the child of several traces). Its
-/// children are the batch's `dispatch` spans, and the run continues the trace of the one
-/// that started it.
-pub fn batch_span(
+/// conventions for batch processing: one run cannot be the child of several traces), and the
+/// run continues the trace of the batch's `dispatch` span.
+pub fn consume_span(
     connection: &str,
     group: &str,
     trigger: &str,
     msgs: &[rdkafka::message::OwnedMessage],
+    batch: bool,
 ) -> tracing::Span {
     use opentelemetry::trace::TraceContextExt as _;
     use rdkafka::message::Message as _;
@@ -93,14 +57,23 @@ pub fn batch_span(
         messaging.operation.type = "process",
         messaging.destination.name = %first.topic(),
         messaging.destination.partition.id = first.partition(),
-        // As i64: tracing-opentelemetry exports unsigned integers as strings.
-        messaging.batch.message_count = msgs.len() as i64,
+        messaging.kafka.offset = tracing::field::Empty,
+        messaging.batch.message_count = tracing::field::Empty,
         messaging.consumer.group.name = %group,
         tessel.connection = %connection,
         tessel.trigger = %trigger,
-        tessel.batch.first_offset = first.offset(),
-        tessel.batch.last_offset = last.offset(),
+        tessel.batch.first_offset = tracing::field::Empty,
+        tessel.batch.last_offset = tracing::field::Empty,
+        tessel.outcome = tracing::field::Empty,
     );
+    if batch {
+        // As i64: tracing-opentelemetry exports unsigned integers as strings.
+        span.record("messaging.batch.message_count", msgs.len() as i64);
+        span.record("tessel.batch.first_offset", first.offset());
+        span.record("tessel.batch.last_offset", last.offset());
+    } else {
+        span.record("messaging.kafka.offset", first.offset());
+    }
     if span.is_disabled() {
         return span;
     }
@@ -111,6 +84,10 @@ pub fn batch_span(
             continue;
         }
         let context = propagator.extract(&carrier);
+        if !batch {
+            let _ = span.set_parent(context);
+            continue;
+        }
         let linked = context.span().span_context().clone();
         if linked.is_valid() {
             span.add_link(linked);

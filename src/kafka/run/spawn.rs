@@ -10,14 +10,14 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
-use super::partitions::{PartitionId, Start};
-use super::worker::{self, TriggerRuntime, WorkOutcome};
+use super::{attempt, body, TriggerRuntime, WorkOutcome};
+use crate::kafka::partitions::{PartitionId, Start};
 use crate::telemetry::metrics;
 
 type Trigger = Arc<TriggerRuntime>;
 
 /// What a run tells the supervisor.
-pub(super) enum WorkerEvent {
+pub(in crate::kafka) enum WorkerEvent {
     /// A started run ended.
     Finished(RunFinished),
     /// A run of the trigger with this index gave its permit back while it waits to retry:
@@ -26,29 +26,29 @@ pub(super) enum WorkerEvent {
 }
 
 /// A run's end: each record's offset and outcome, in offset order.
-pub(super) struct RunFinished {
-    pub(super) id: PartitionId,
+pub(in crate::kafka) struct RunFinished {
+    pub(in crate::kafka) id: PartitionId,
     /// The partition's assignment the run belongs to (a finished run of an earlier one is
     /// ignored).
-    pub(super) generation: u64,
+    pub(in crate::kafka) generation: u64,
     /// The trigger's index (its runs-in-flight gauge).
-    pub(super) trigger: usize,
+    pub(in crate::kafka) trigger: usize,
     /// The key the run held (single-record runs; a batch holds none).
-    pub(super) key: Option<Vec<u8>>,
+    pub(in crate::kafka) key: Option<Vec<u8>>,
     /// Whether the run was a batch (its records were taken in offset order, keyless).
-    pub(super) batch: bool,
-    pub(super) records: Vec<(i64, WorkOutcome)>,
-    /// The run's trace span (disabled unless traces are exported).
-    pub(super) span: tracing::Span,
+    pub(in crate::kafka) batch: bool,
+    pub(in crate::kafka) records: Vec<(i64, WorkOutcome)>,
+    /// The run's `consume` span (disabled unless traces are exported).
+    pub(in crate::kafka) span: tracing::Span,
 }
 
 /// Spawns runs and collects their ends.
-pub(super) struct Runs {
+pub(in crate::kafka) struct Runs {
     connection: String,
     group: String,
     tx: mpsc::UnboundedSender<WorkerEvent>,
     /// Every run's task: shutdown waits on it.
-    pub(super) tasks: TaskTracker,
+    pub(in crate::kafka) tasks: TaskTracker,
     /// Each trigger's runs-in-flight gauge, by index; registered when the connection runs
     /// (the recorder is installed by then).
     in_flight: Vec<metrics::Gauge>,
@@ -56,7 +56,7 @@ pub(super) struct Runs {
 
 impl Runs {
     /// Runs of `connection` (consumer group `group`); their ends arrive on the receiver.
-    pub(super) fn new(
+    pub(in crate::kafka) fn new(
         connection: &str,
         group: &str,
     ) -> (Self, mpsc::UnboundedReceiver<WorkerEvent>) {
@@ -72,7 +72,7 @@ impl Runs {
     }
 
     /// Registers each trigger's runs-in-flight gauge.
-    pub(super) fn register(&mut self, triggers: &[Trigger]) {
+    pub(in crate::kafka) fn register(&mut self, triggers: &[Trigger]) {
         self.in_flight = triggers
             .iter()
             .map(|t| metrics::in_flight_gauge(&self.connection, &t.name))
@@ -80,7 +80,7 @@ impl Runs {
     }
 
     /// Moves the runs-in-flight gauge of the trigger with this index by `delta`.
-    pub(super) fn in_flight_add(&self, trigger: usize, delta: f64) {
+    pub(in crate::kafka) fn in_flight_add(&self, trigger: usize, delta: f64) {
         if let Some(g) = self.in_flight.get(trigger) {
             g.increment(delta);
         }
@@ -88,7 +88,7 @@ impl Runs {
 
     /// A run ended: its records' offsets and whether each is handled, for the core; its
     /// records leave the runs-in-flight gauge.
-    pub(super) fn finished(&self, f: &RunFinished) -> Vec<(i64, bool)> {
+    pub(in crate::kafka) fn finished(&self, f: &RunFinished) -> Vec<(i64, bool)> {
         self.in_flight_add(f.trigger, -(f.records.len() as f64));
         f.records
             .iter()
@@ -97,7 +97,7 @@ impl Runs {
     }
 
     /// Counts a run's handled records by outcome, and closes its trace with each commit.
-    pub(super) fn report(&self, trigger: &TriggerRuntime, f: &RunFinished) {
+    pub(in crate::kafka) fn report(&self, trigger: &TriggerRuntime, f: &RunFinished) {
         let metrics = trigger.metrics();
         for (offset, outcome) in &f.records {
             if !outcome.is_handled() {
@@ -118,88 +118,11 @@ impl Runs {
     }
 
     /// Starts one run on the runtime.
-    pub(super) fn spawn(&self, start: Start<Trigger>) {
-        if !start.batch.is_empty() || start.trigger.config.batch.is_some() {
-            self.spawn_batch(start);
-        } else {
-            self.spawn_single(start);
-        }
-    }
-
-    fn yielded(&self, trigger: usize) -> impl Fn() + Send + 'static {
-        let tx = self.tx.clone();
-        move || {
-            let _ = tx.send(WorkerEvent::Yielded(trigger));
-        }
-    }
-
-    fn spawn_single(&self, start: Start<Trigger>) {
+    pub(in crate::kafka) fn spawn(&self, start: Start<Trigger>) {
         let Start {
             id,
             generation,
             key,
-            msg,
-            batch: _,
-            permit,
-            trigger,
-            trigger_index,
-            drain,
-            cancel,
-        } = start;
-        let span = crate::telemetry::trace::message_span(
-            &self.connection,
-            &self.group,
-            &trigger.name,
-            &msg,
-        );
-        let offset = msg.offset();
-        let done = self.tx.clone();
-        let yielded = self.yielded(trigger_index);
-        self.in_flight_add(trigger_index, 1.0);
-        let task_span = span.clone();
-        drop(self.tasks.spawn(async move {
-            let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
-            let (topic, partition) = (msg.topic().to_owned(), msg.partition());
-            // The worker contains panics of an attempt itself; this catches one in its own
-            // bookkeeping, so that the end is always reported and the key never stays in
-            // flight. The record is then abandoned: not committed, offered again after the
-            // next rebalance or restart.
-            // Boxed: the worker's future is 3.4 KB, and the task around it (span, panic guard)
-            // was 7.3 KB, copied whole on every spawn; now the task is 448 bytes (memmove
-            // went from 5.4% to 3.9% of the connector's CPU).
-            let work = Box::pin(worker::process(
-                trigger,
-                msg,
-                Some(permit),
-                drain,
-                cancel,
-                yielded,
-            ));
-            let outcome = std::panic::AssertUnwindSafe(work.instrument(task_span))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|_| {
-                    metrics::worker_panic(&connection, &name);
-                    tracing::error!(connection = %connection, trigger = %name, topic = %topic,
-                        partition, offset, "worker panicked outside an attempt; the record is left uncommitted");
-                    WorkOutcome::Abandoned
-                });
-            let _ = done.send(WorkerEvent::Finished(RunFinished {
-                id,
-                generation,
-                trigger: trigger_index,
-                key,
-                batch: false,
-                records: vec![(offset, outcome)],
-                span,
-            }));
-        }));
-    }
-
-    fn spawn_batch(&self, start: Start<Trigger>) {
-        let Start {
-            id,
-            generation,
             msg,
             batch,
             permit,
@@ -207,39 +130,48 @@ impl Runs {
             trigger_index,
             drain,
             cancel,
-            ..
         } = start;
         let mut msgs: Vec<OwnedMessage> = Vec::with_capacity(batch.len() + 1);
         msgs.push(msg);
         msgs.extend(batch);
-        let offsets: Vec<i64> = msgs.iter().map(|m| m.offset()).collect();
-        let span = crate::telemetry::trace::batch_span(
+        let batch = body::is_batch(&trigger, msgs.len());
+        let offsets: Vec<i64> = msgs.iter().map(Message::offset).collect();
+        let span = crate::telemetry::trace::consume_span(
             &self.connection,
             &self.group,
             &trigger.name,
             &msgs,
+            batch,
         );
         let done = self.tx.clone();
-        let yielded = self.yielded(trigger_index);
+        let tx = self.tx.clone();
+        let yielded = move || {
+            let _ = tx.send(WorkerEvent::Yielded(trigger_index));
+        };
         self.in_flight_add(trigger_index, offsets.len() as f64);
+        let task_span = span.clone();
         drop(self.tasks.spawn(async move {
             let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
-            let first = offsets.first().copied().unwrap_or_default();
-            // The batch worker contains panics of decoding itself; this catches one in its
-            // own bookkeeping, so that the end is always reported. The records are then
-            // abandoned: not committed, offered again after the next rebalance or restart.
-            let outcomes = std::panic::AssertUnwindSafe(
-                super::batch_worker::process(trigger, msgs, permit, drain, cancel, yielded)
-                    .instrument(span),
-            )
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|_| {
-                metrics::worker_panic(&connection, &name);
-                tracing::error!(connection = %connection, trigger = %name, first_offset = first,
-                    "batch worker panicked; the batch is left uncommitted");
-                Vec::new()
-            });
+            let (topic, partition) = (msgs[0].topic().to_owned(), msgs[0].partition());
+            // The run contains panics of an attempt itself; this catches one in its own
+            // bookkeeping, so that the end is always reported and the key never stays in
+            // flight. The records are then abandoned: not committed, offered again after the
+            // next rebalance or restart.
+            // Boxed: the run's future is several KB, and the task around it (span, panic
+            // guard) would be copied whole on every spawn (for single records, memmove went
+            // from 5.4% to 3.9% of the connector's CPU when boxed).
+            let work = Box::pin(attempt::process(
+                trigger, msgs, permit, drain, cancel, yielded,
+            ));
+            let outcomes = std::panic::AssertUnwindSafe(work.instrument(task_span))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    metrics::worker_panic(&connection, &name);
+                    tracing::error!(connection = %connection, trigger = %name, topic = %topic,
+                        partition, offset = offsets[0], "worker panicked outside an attempt; the record is left uncommitted");
+                    Vec::new()
+                });
             let records = offsets
                 .iter()
                 .enumerate()
@@ -254,10 +186,11 @@ impl Runs {
                 id,
                 generation,
                 trigger: trigger_index,
-                key: None,
-                batch: true,
+                key,
+                batch,
                 records,
-                span: tracing::Span::none(),
+                // A batch's span has no outcome of its own, nor commit children.
+                span: if batch { tracing::Span::none() } else { span },
             }));
         }));
     }

@@ -1,0 +1,618 @@
+//! The run loop: one run's records (one for a single trigger, a batch for a batch trigger)
+//! from their start until each is handled or the partition is taken away.
+//!
+//! Each attempt waits for the trigger's throttle and a permit, screens the records still to
+//! send (age, decoding, the filter: a record that needs no run is handled there), renders
+//! them, sends one request ([`body`]) and reads the answer; then the records not handled are
+//! sent again after the backoff, split (a batch a 4xx refused) or handed to `on_error`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use rdkafka::message::{Message, OwnedMessage};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use super::body::{self, Acceptance, Rendered};
+use super::decide::{decide, Attempts, Failure, Observed, Step};
+use super::error_policy::{apply_error_policy, expired, on_decode_error, on_panic};
+use super::{TriggerRuntime, WorkOutcome};
+use crate::codec::{DecodeError, Decoded, Field};
+use crate::dispatch::event::{self, EventHeader};
+use crate::dispatch::DispatchOutcome;
+use crate::kafka::batch;
+use crate::telemetry::trace;
+
+/// A record of the run.
+pub(super) struct Record {
+    pub(super) msg: OwnedMessage,
+    /// Its idempotency key (a single event's key, a batch event's id).
+    pub(super) id: String,
+    headers: Vec<EventHeader>,
+    attempts: Attempts,
+    /// Its part of this attempt's request, once screened and let through by the filter.
+    pub(super) event: Option<Rendered>,
+    /// The value's schema id, as this attempt decoded it (for a dead letter).
+    schema_id: Option<u32>,
+    outcome: Option<WorkOutcome>,
+}
+
+impl Record {
+    fn new(trigger: &TriggerRuntime, msg: OwnedMessage) -> Self {
+        let headers = event::headers_of(&msg);
+        if event::has_invalid_traceparent(&headers)
+            && !trigger.warned_traceparent.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+                partition = msg.partition(), offset = msg.offset(),
+                "record carries a traceparent header that is not W3C trace context; ignored (said once per trigger)"
+            );
+        }
+        Self {
+            id: event::idempotency_key(&trigger.group, msg.topic(), msg.partition(), msg.offset()),
+            headers,
+            msg,
+            attempts: Attempts::default(),
+            event: None,
+            schema_id: None,
+            outcome: None,
+        }
+    }
+}
+
+/// Processes the run `msgs` (one partition's records in offset order; one record for a
+/// single trigger) until each record is handled or abandoned; returns each record's outcome,
+/// in the order given. `drain` stops further attempts (revoke, shutdown) but lets one in
+/// progress finish; `cancel` abandons even that; `yielded` is called whenever the run gives
+/// its permit back to wait.
+pub(super) async fn process(
+    trigger: Arc<TriggerRuntime>,
+    msgs: Vec<OwnedMessage>,
+    permit: OwnedSemaphorePermit,
+    drain: CancellationToken,
+    cancel: CancellationToken,
+    yielded: impl Fn(),
+) -> Vec<WorkOutcome> {
+    let mut records: Vec<Record> = msgs
+        .into_iter()
+        .map(|msg| Record::new(&trigger, msg))
+        .collect();
+    let mut run = Run {
+        batch: body::is_batch(&trigger, records.len()),
+        conflict_nonce: None,
+        trigger: &trigger,
+        permit: Some(permit),
+        drain: &drain,
+        cancel: &cancel,
+        yielded: &yielded,
+    };
+    let _ = run.run(&mut records).await;
+    records
+        .into_iter()
+        .map(|r| r.outcome.unwrap_or(WorkOutcome::Abandoned))
+        .collect()
+}
+
+/// The partition was taken away (or the daemon stops): records not handled are abandoned.
+struct Abandon;
+
+/// After an attempt: None to go on at once (the records moved on), or the Retry-After to
+/// back off with before the next attempt.
+type Then = Option<Option<Duration>>;
+
+struct Run<'a, Y: Fn()> {
+    trigger: &'a TriggerRuntime,
+    /// Whether the request is a batch (see [`body::is_batch`]).
+    batch: bool,
+    /// Set at a batch's first 409: later requests of this run carry Idempotency-Keys of
+    /// their own (see [`batch::conflict_key`]).
+    conflict_nonce: Option<u64>,
+    permit: Option<OwnedSemaphorePermit>,
+    drain: &'a CancellationToken,
+    cancel: &'a CancellationToken,
+    yielded: &'a Y,
+}
+
+impl<Y: Fn()> Run<'_, Y> {
+    async fn run(&mut self, records: &mut [Record]) -> Result<(), Abandon> {
+        // Groups still to send, the next on top: a rejected batch is replaced by its halves,
+        // the earlier one on top, so the records of a key always go out in offset order.
+        let mut stack = vec![(0..records.len()).collect::<Vec<usize>>()];
+        let mut total = 0u32;
+        while !stack.is_empty() {
+            // Draining (revoke, shutdown): no further attempt; a run flushed by the drain
+            // itself still makes its first.
+            if self.drain.is_cancelled() && total > 0 {
+                return Err(Abandon);
+            }
+            self.wait_for_turn().await?;
+            total += 1;
+            if let Some(retry_after) = self.attempt(records, &mut stack, total).await? {
+                self.back_off(total, retry_after).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One attempt of the group on top of `stack`.
+    async fn attempt(
+        &mut self,
+        records: &mut [Record],
+        stack: &mut Vec<Vec<usize>>,
+        total: u32,
+    ) -> Result<Then, Abandon> {
+        let group = stack.pop().unwrap_or_default();
+        let mut wait = None;
+        for &i in &group {
+            let r = &mut records[i];
+            r.attempts.total += 1;
+            // A record that must wait holds back the later ones (their keys' order).
+            if let Some(retry_after) = self.screen(r).await? {
+                wait = Some(retry_after);
+                break;
+            }
+        }
+        let group: Vec<usize> = group
+            .into_iter()
+            .filter(|&i| records[i].outcome.is_none())
+            .collect();
+        if group.is_empty() {
+            return Ok(None);
+        }
+        if wait.is_some() {
+            stack.push(group);
+            return Ok(wait);
+        }
+        // A panic while rendering or dispatching is contained like one while screening: the
+        // request's failed attempt.
+        let sent =
+            std::panic::AssertUnwindSafe(self.dispatch(records, &group, total)).catch_unwind();
+        let sent = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Err(Abandon),
+            s = sent => s,
+        };
+        Ok(match sent {
+            Ok((outcome, answer)) => self.read(records, stack, group, outcome, &answer).await,
+            Err(panic) => {
+                let transient = failed_again(records, &group);
+                let step = on_panic(self.trigger, &records[group[0]].msg, &*panic, transient);
+                self.after_failure(records, stack, group, step, false).await
+            }
+        })
+    }
+
+    /// Age, decoding, the filter and the record's event; sets its outcome when it needs no
+    /// run (or `on_error` handled it). Some(Retry-After) when it must wait and try again.
+    async fn screen(&self, r: &mut Record) -> Result<Option<Option<Duration>>, Abandon> {
+        // A panic while decoding (a decoder bug a record's bytes reach) is contained here:
+        // counted, logged with the record's coordinates, and treated as a failed attempt, so
+        // the retry policy and then `on_error` apply and the key moves.
+        let attempt =
+            std::panic::AssertUnwindSafe(screen_record(self.trigger, self.batch, r)).catch_unwind();
+        let step = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Err(Abandon),
+            s = attempt => s,
+        };
+        let step = match step {
+            Ok(Ok(event)) => {
+                r.event = Some(event);
+                return Ok(None);
+            }
+            Ok(Err(step)) => step,
+            Err(panic) => {
+                r.attempts.transient += 1;
+                on_panic(self.trigger, &r.msg, &*panic, r.attempts.transient)
+            }
+        };
+        Ok(match step {
+            Step::Done(outcome) => {
+                r.outcome = Some(outcome);
+                None
+            }
+            Step::Retry { retry_after } => Some(retry_after),
+            Step::Fail(failure) => {
+                match apply_error_policy(self.trigger, &r.msg, &r.id, &r.attempts, &failure).await {
+                    Some(outcome) => {
+                        r.outcome = Some(outcome);
+                        None
+                    }
+                    None => Some(None),
+                }
+            }
+        })
+    }
+
+    /// One request for the records `group` of `records`.
+    async fn dispatch(
+        &self,
+        records: &mut [Record],
+        group: &[usize],
+        attempt: u32,
+    ) -> (DispatchOutcome, bytes::Bytes) {
+        let trigger = self.trigger;
+        let request = body::request(trigger, self.batch, records, group, self.conflict_nonce);
+        let started = std::time::Instant::now();
+        let dispatching = if trace::exporting() {
+            tracing::info_span!(
+                target: trace::TARGET,
+                "dispatch",
+                otel.kind = "client",
+                tessel.workflow = %trigger.config.workflow,
+                tessel.attempt = i64::from(attempt),
+                messaging.batch.message_count = tracing::field::Empty,
+                tessel.dispatch.outcome = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
+        if self.batch {
+            dispatching.record("messaging.batch.message_count", group.len() as i64);
+        }
+        // With traces exported the run continues this span's trace (a batch's records' own
+        // traces are linked from its span); otherwise a single record's own trace, if it
+        // carries one.
+        let traceparent = trace::traceparent_of(&dispatching);
+        let own = match self.batch {
+            false => event::traceparent(&records[group[0]].headers),
+            true => None,
+        };
+        let answer = body::send(trigger, self.batch, request, traceparent.as_deref().or(own))
+            .instrument(dispatching.clone())
+            .await;
+        dispatching.record("tessel.dispatch.outcome", answer.0.label());
+        trigger
+            .metrics()
+            .dispatch_attempt(answer.0.label(), started.elapsed().as_secs_f64());
+        answer
+    }
+
+    /// What the answer to the request for `group` (taken off `stack`) means for its records.
+    async fn read(
+        &mut self,
+        records: &mut [Record],
+        stack: &mut Vec<Vec<usize>>,
+        group: Vec<usize>,
+        outcome: DispatchOutcome,
+        answer: &[u8],
+    ) -> Then {
+        let trigger = self.trigger;
+        let policy = trigger.retry_policy();
+        // The records that failed, what was observed, and what `on_error` is told.
+        let (group, observed, message, status, transient) = match outcome {
+            DispatchOutcome::Accepted { status } => {
+                trigger.resume();
+                let nonce = self.conflict_nonce;
+                let (retry, failed) = match body::read_acceptance(
+                    trigger, self.batch, status, answer, nonce, records, &group,
+                ) {
+                    Acceptance::Conflict => {
+                        self.conflict_nonce = Some(rand::random());
+                        tracing::info!(
+                            connection = %trigger.connection, trigger = %trigger.name,
+                            records = group.len(),
+                            "dispatcher answered 409 to the batch; it is sent again under its own key"
+                        );
+                        stack.push(group);
+                        return None;
+                    }
+                    Acceptance::Accepted { retry, failed } => (retry, failed),
+                };
+                let msg = &records[group[0]].msg;
+                tracing::debug!(
+                    connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+                    partition = msg.partition(), offset = msg.offset(), "run accepted"
+                );
+                for &i in &group {
+                    if !retry.contains(&i) {
+                        accepted(trigger, &mut records[i]);
+                    }
+                }
+                if retry.is_empty() {
+                    return None;
+                }
+                let msg = &records[group[0]].msg;
+                tracing::warn!(
+                    connection = %trigger.connection, trigger = %trigger.name,
+                    topic = msg.topic(), partition = msg.partition(),
+                    failed, retried = retry.len(),
+                    "dispatcher accepted the batch but for some events; they are sent again"
+                );
+                let transient = failed_again(records, &retry);
+                let message = "some events of the batch failed".to_owned();
+                (
+                    retry,
+                    Observed::Retryable { retry_after: None },
+                    message,
+                    None,
+                    transient,
+                )
+            }
+            DispatchOutcome::Retryable {
+                status,
+                reason,
+                retry_after,
+            } => {
+                trigger.resume();
+                if let (Some(429 | 503), Some(ra)) = (status, retry_after) {
+                    trigger.throttle(ra);
+                }
+                let transient = failed_again(records, &group);
+                trigger.failed(&format!("dispatcher failing: {reason}"));
+                let msg = &records[group[0]].msg;
+                tracing::warn!(
+                    connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+                    partition = msg.partition(), offset = msg.offset(), status = ?status,
+                    attempt = transient, error = %reason, "dispatch failed, will retry"
+                );
+                let message = format!("{transient} attempts failed; last: {reason}");
+                (
+                    group,
+                    Observed::Retryable { retry_after },
+                    message,
+                    status,
+                    transient,
+                )
+            }
+            DispatchOutcome::Rejected { status, reason } => {
+                trigger.resume();
+                if let Some((first, second)) = batch::bisect(&group) {
+                    tracing::info!(
+                        connection = %trigger.connection, trigger = %trigger.name,
+                        records = group.len(), status, "dispatcher rejected the batch; splitting it to find the record it refuses"
+                    );
+                    stack.push(second);
+                    stack.push(first);
+                    return None;
+                }
+                trigger.failed(&format!("dispatcher rejected a message with HTTP {status}"));
+                let msg = &records[group[0]].msg;
+                tracing::warn!(
+                    connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+                    partition = msg.partition(), offset = msg.offset(), status, error = %reason,
+                    "dispatcher rejected the message"
+                );
+                let message = format!("dispatcher answered HTTP {status}: {reason}");
+                let transient = most_transient(records, &group);
+                (group, Observed::Rejected, message, Some(status), transient)
+            }
+            DispatchOutcome::Invalid { reason } => {
+                let what = if self.batch { "batch" } else { "record" };
+                trigger.failed(&format!(
+                    "{what} cannot be sent to the dispatcher: {reason}"
+                ));
+                let msg = &records[group[0]].msg;
+                tracing::warn!(
+                    connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+                    partition = msg.partition(), offset = msg.offset(), error = %reason,
+                    "{what} cannot be sent to the dispatcher"
+                );
+                let message = format!("request cannot be built: {reason}");
+                let transient = most_transient(records, &group);
+                (group, Observed::Invalid, message, None, transient)
+            }
+            DispatchOutcome::Unauthorized { status, reason } => {
+                trigger.stop(&format!("dispatcher answered HTTP {status} ({reason})"));
+                let transient = most_transient(records, &group);
+                (
+                    group,
+                    Observed::Unauthorized,
+                    String::new(),
+                    Some(status),
+                    transient,
+                )
+            }
+        };
+        let step = Step::of(decide(observed, transient, &policy), |class| Failure {
+            stage: "DISPATCH",
+            class,
+            message,
+            status,
+            schema_id: None,
+        });
+        self.after_failure(records, stack, group, step, true).await
+    }
+
+    /// After a failed attempt of `group`: `step` is [`decide`]'s verdict. A record `on_error`
+    /// cannot handle (`block`, a dead-letter write that failed) stays in the group, which is
+    /// then sent again after the backoff. `schema`: the failure's dead letters carry the
+    /// schema id each record's value was decoded with.
+    async fn after_failure(
+        &self,
+        records: &mut [Record],
+        stack: &mut Vec<Vec<usize>>,
+        group: Vec<usize>,
+        step: Step,
+        schema: bool,
+    ) -> Then {
+        let failure = match step {
+            Step::Retry { retry_after } => {
+                stack.push(group);
+                return Some(retry_after);
+            }
+            Step::Done(outcome) => {
+                for i in group {
+                    records[i].outcome = Some(outcome);
+                }
+                return None;
+            }
+            Step::Fail(failure) => failure,
+        };
+        let mut left = Vec::new();
+        for i in group {
+            let r = &mut records[i];
+            let failure = Failure {
+                schema_id: if schema {
+                    r.schema_id
+                } else {
+                    failure.schema_id
+                },
+                ..failure.clone()
+            };
+            match apply_error_policy(self.trigger, &r.msg, &r.id, &r.attempts, &failure).await {
+                Some(outcome) => r.outcome = Some(outcome),
+                None => left.push(i),
+            }
+        }
+        if left.is_empty() {
+            return None;
+        }
+        stack.push(left);
+        Some(None)
+    }
+
+    /// Waits for the trigger's throttle and a permit (given back while waiting).
+    async fn wait_for_turn(&mut self) -> Result<(), Abandon> {
+        if let Some(until) = self
+            .trigger
+            .throttle_deadline()
+            .filter(|u| *u > Instant::now())
+        {
+            // A throttled trigger holds no permit while it waits: other triggers' keys and
+            // this trigger's retries compete for the permits as usual afterwards.
+            if self.permit.take().is_some() {
+                (self.yielded)();
+            }
+            tokio::select! {
+                _ = self.drain.cancelled() => return Err(Abandon),
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+        if self.permit.is_none() {
+            match acquire_permit(self.trigger, self.drain).await {
+                Some(p) => self.permit = Some(p),
+                None => return Err(Abandon),
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the permit back (so that other keys keep their concurrency) and waits the
+    /// backoff; Abandon when draining.
+    async fn back_off(
+        &mut self,
+        attempt: u32,
+        retry_after: Option<Duration>,
+    ) -> Result<(), Abandon> {
+        if self.permit.take().is_some() {
+            (self.yielded)();
+        }
+        let delay = self
+            .trigger
+            .backoff
+            .delay(attempt, retry_after, rand::random::<f64>());
+        tokio::select! {
+            _ = self.drain.cancelled() => Err(Abandon),
+            _ = tokio::time::sleep(delay) => Ok(()),
+        }
+    }
+}
+
+/// One more transient failure for each record of `group`; the most any of them has had.
+fn failed_again(records: &mut [Record], group: &[usize]) -> u32 {
+    for &i in group {
+        records[i].attempts.transient += 1;
+    }
+    most_transient(records, group)
+}
+
+/// The most transient failures a record of `group` has had.
+fn most_transient(records: &[Record], group: &[usize]) -> u32 {
+    group
+        .iter()
+        .map(|&i| records[i].attempts.transient)
+        .max()
+        .unwrap_or_default()
+}
+
+fn accepted(trigger: &TriggerRuntime, r: &mut Record) {
+    r.outcome = Some(WorkOutcome::Accepted);
+    if let Some(ts) = r.msg.timestamp().to_millis() {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        trigger
+            .metrics()
+            .end_to_end((now_ms - ts).max(0) as f64 / 1000.0);
+    }
+}
+
+/// The record's event, or the step it takes instead.
+async fn screen_record(
+    trigger: &TriggerRuntime,
+    batch: bool,
+    r: &mut Record,
+) -> Result<Rendered, Step> {
+    if let Some(step) = expired(trigger, &r.msg) {
+        return Err(step);
+    }
+    let decoded = if trace::exporting() {
+        let decoding = tracing::info_span!(target: trace::TARGET, "decode");
+        decode(trigger, &r.msg).instrument(decoding).await
+    } else {
+        decode(trigger, &r.msg).await
+    };
+    let (key, value) = match decoded {
+        Ok(kv) => {
+            trigger.metrics().decoded(kv.1.schema.format);
+            kv
+        }
+        Err((field, e)) => {
+            return Err(on_decode_error(trigger, &r.msg, field, &e, &mut r.attempts))
+        }
+    };
+    if let Some(outcome) = crate::kafka::filter::screen(trigger, &r.msg, &r.headers, &key, &value) {
+        return Err(Step::Done(outcome));
+    }
+    r.schema_id = value.schema.id;
+    Ok(body::render(
+        trigger, batch, &r.id, &r.msg, &r.headers, &key, &value,
+    ))
+}
+
+async fn decode(
+    trigger: &TriggerRuntime,
+    msg: &OwnedMessage,
+) -> Result<(Decoded, Decoded), (Field, DecodeError)> {
+    let cfg = &trigger.config;
+    let key = trigger
+        .decoder
+        .decode(cfg.key_format, msg.key(), msg.topic(), Field::Key)
+        .await
+        .map_err(|e| (Field::Key, e))?;
+    let value = trigger
+        .decoder
+        .decode(cfg.value_format, msg.payload(), msg.topic(), Field::Value)
+        .await
+        .map_err(|e| (Field::Value, e))?;
+    Ok((key, value))
+}
+
+/// A permit for a retry. Retries do not queue for a permit: a queued waiter would take every
+/// permit that frees up ahead of the partition's fresh messages, and a key that keeps failing
+/// (or a schema the registry cannot serve) would starve the other keys. They try now and
+/// then. None when draining.
+async fn acquire_permit(
+    trigger: &TriggerRuntime,
+    drain: &CancellationToken,
+) -> Option<OwnedSemaphorePermit> {
+    loop {
+        match Arc::clone(&trigger.permits).try_acquire_owned() {
+            Ok(p) => return Some(p),
+            Err(tokio::sync::TryAcquireError::Closed) => return None,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                let pause = Duration::from_millis(10 + rand::random::<u64>() % 20);
+                tokio::select! {
+                    _ = drain.cancelled() => return None,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+    }
+}
