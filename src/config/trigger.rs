@@ -305,6 +305,26 @@ pub struct RetryConfig {
     pub max_retry_after_ms: u64,
 }
 
+impl RetryConfig {
+    /// The delays between attempts these settings describe.
+    pub fn backoff(&self) -> crate::dispatch::retry::Backoff {
+        use std::time::Duration;
+        crate::dispatch::retry::Backoff::new(
+            Duration::from_millis(self.initial_backoff_ms),
+            Duration::from_millis(self.max_backoff_ms),
+        )
+        .with_max_retry_after(Duration::from_millis(self.max_retry_after_ms))
+    }
+
+    /// The settings [`crate::kafka::worker::decide`] applies.
+    pub fn policy(&self) -> crate::kafka::worker::RetryPolicy {
+        crate::kafka::worker::RetryPolicy {
+            max_attempts: self.max_attempts,
+            schema_not_found: std::time::Duration::from_millis(self.schema_not_found_ms),
+        }
+    }
+}
+
 impl Default for RetryConfig {
     fn default() -> Self {
         Self {
