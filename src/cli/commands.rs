@@ -60,13 +60,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail(&e.to_string()),
             };
-            let _ = telemetry::init_tracing(
-                &LogConfig {
-                    level: "warn".to_owned(),
-                    ..config.log.clone()
-                },
-                None,
-            );
+            warnings_only(&config);
             match crate::produce::command::run(&config, &args).await {
                 Ok(summary) => {
                     eprintln!("{summary}");
@@ -279,13 +273,7 @@ async fn dlq_replay_command(
         Err(e) => return fail(&e.to_string()),
     };
     // Retries and registry trouble are logged on stderr.
-    let _ = telemetry::init_tracing(
-        &LogConfig {
-            level: "warn".to_owned(),
-            ..config.log.clone()
-        },
-        None,
-    );
+    warnings_only(&config);
     let mut first = true;
     let emit = |r: &crate::ops::replay::Replayed| {
         let line = if json {
@@ -394,6 +382,17 @@ async fn check_command(config: &std::path::Path, json: bool) -> ExitCode {
         eprintln!("error: {failed} check(s) failed");
         ExitCode::FAILURE
     }
+}
+
+/// A tool's log: warnings and errors only, on stderr, in the configured format.
+fn warnings_only(config: &Config) {
+    let _ = telemetry::init_tracing(
+        &LogConfig {
+            level: "warn".to_owned(),
+            ..config.log.clone()
+        },
+        None,
+    );
 }
 
 fn fail(message: &str) -> ExitCode {

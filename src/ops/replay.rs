@@ -217,9 +217,7 @@ fn reading_consumer(
     let _ = cfg
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true");
-    let context = SecurityContext::for_connection("tools", conn)?;
-    cfg.create_with_context(context)
-        .context("cannot create a Kafka client for the connection")
+    super::tools::client(&cfg, conn)
 }
 
 /// A record's event, rendered for its batch.
@@ -521,16 +519,18 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
                     continue;
                 }
                 DispatchOutcome::Accepted { .. } => {
-                    let failed = batch::failed_ids(&answer)
-                        .unwrap_or_else(|_| group.iter().map(|&i| records[i].id.clone()).collect());
                     let keyed: Vec<(&str, Option<&[u8]>)> = group
                         .iter()
                         .map(|&i| (records[i].id.as_str(), records[i].original.key()))
                         .collect();
-                    let retry: Vec<usize> = batch::to_retry(&keyed, &failed)
-                        .into_iter()
-                        .map(|j| group[j])
-                        .collect();
+                    let (again, unreadable) = batch::to_retry_after(&answer, &keyed);
+                    if let Some(reason) = unreadable {
+                        tracing::warn!(
+                            trigger = %self.name, idempotency_key = %key, error = %reason,
+                            "unreadable partial-failure answer; the batch is sent again"
+                        );
+                    }
+                    let retry: Vec<usize> = again.into_iter().map(|j| group[j]).collect();
                     for &i in &group {
                         if !retry.contains(&i) {
                             settled[i] = Some((key.clone(), "accepted"));

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, FromClientConfigAndContext};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
@@ -61,6 +61,15 @@ fn admin_consumer(conn: &ConnectionConfig) -> anyhow::Result<BaseConsumer<Securi
     let _ = cfg
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
+    client(&cfg, conn)
+}
+
+/// A client of the connection's cluster configured by `cfg`, with the connection's security
+/// context (MSK IAM tokens).
+pub(super) fn client<T: FromClientConfigAndContext<SecurityContext>>(
+    cfg: &ClientConfig,
+    conn: &ConnectionConfig,
+) -> anyhow::Result<T> {
     let context = SecurityContext::for_connection("tools", conn)?;
     cfg.create_with_context(context)
         .context("cannot create a Kafka client for the connection")
