@@ -16,7 +16,7 @@ use super::failures::read_topic;
 use super::{
     assert_all_once, assert_none_lost, committed, committed_with_metadata, connection_toml,
     create_topic, dispatcher, high_watermarks, produce_keyed, reference_produce, run_reference,
-    spawn_daemon, wait_committed_to_end,
+    spawn_daemon, wait_committed_to_end, DeadLetterSetup,
 };
 use crate::support::{stack, temp_config, unique, wait_for};
 
@@ -317,29 +317,22 @@ async fn a_409_to_a_batch_commits_nothing_until_the_batch_is_answered_under_its_
 
 #[tokio::test]
 async fn a_poison_record_in_a_batch_of_500_is_bisected_out_and_dead_lettered() {
-    let topic = unique("batch-poison");
-    let dlq = unique("batch-poison-dlq");
-    create_topic(&topic, 1).await;
-    create_topic(&dlq, 1).await;
-    produce_keyed(&topic, 0, 500, 10).await;
-    let group = unique("batch-poison-group");
+    let setup = DeadLetterSetup::create("batch-poison", 1, 1).await;
+    let DeadLetterSetup { topic, dlq, group } = &setup;
+    produce_keyed(topic, 0, 500, 10).await;
     let poison = 321i64;
     let d = dispatcher(Faults {
-        reject_events: HashSet::from([event_id(&group, &topic, 0, poison)]),
+        reject_events: HashSet::from([setup.id(0, poison)]),
         ..Faults::default()
     })
     .await;
-    let toml = connection_toml(
-        &group,
-        &topic,
+    let toml = setup.toml(
         &d.url(),
-        &format!(
-            "batch = {{ max_records = 500, max_wait_ms = 20000 }}\non_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\n"
-        ),
+        "batch = { max_records = 500, max_wait_ms = 20000 }\n",
     );
     let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
     let mut daemon = spawn_daemon(&config, Stdio::null());
-    wait_committed_to_end(&group, &topic, 1).await;
+    wait_committed_to_end(group, topic, 1).await;
     daemon.kill().unwrap();
     let _ = daemon.wait();
 
@@ -373,8 +366,8 @@ async fn a_poison_record_in_a_batch_of_500_is_bisected_out_and_dead_lettered() {
         (0..500).filter(|i| *i != poison).collect::<Vec<_>>()
     );
     // The poison record alone is in the dead-letter topic, with where it came from.
-    assert_eq!(high_watermarks(&dlq, 1), vec![1]);
-    let dead = read_topic(&dlq, 1).await;
+    assert_eq!(high_watermarks(dlq, 1), vec![1]);
+    let dead = read_topic(dlq, 1).await;
     assert_eq!(
         dead[0].headers["__connect.errors.offset"],
         poison.to_string()
@@ -382,7 +375,7 @@ async fn a_poison_record_in_a_batch_of_500_is_bisected_out_and_dead_lettered() {
     assert_eq!(dead[0].headers["tessel.error.class"], "dispatch_rejected");
     assert_eq!(
         dead[0].headers["tessel.idempotency.key"],
-        event_id(&group, &topic, 0, poison)
+        setup.id(0, poison)
     );
 }
 

@@ -11,7 +11,7 @@ use tessel_kafka::cli::dev_dispatcher::Faults;
 
 use super::{
     committed, connection_toml, create_topic, dispatcher, high_watermarks, produce_keyed,
-    reference_produce, wait_committed_to_end, Connector,
+    reference_produce, wait_committed_to_end, Connector, DeadLetterSetup,
 };
 use crate::support::{binary, stack, temp_config, unique, wait_for};
 
@@ -23,43 +23,42 @@ async fn cli(args: &[&str], config: &std::path::Path) -> Output {
         .unwrap()
 }
 
+/// [`cli`], which must succeed.
+async fn cli_ok(args: &[&str], config: &std::path::Path) -> Output {
+    let out = cli(args, config).await;
+    assert!(
+        out.status.success(),
+        "{args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 #[tokio::test]
 async fn offsets_show_reset_and_dead_letter_replay_work_and_reset_waits_for_an_idle_group() {
-    let topic = unique("tools");
-    let dlq = unique("tools-dlq");
-    create_topic(&topic, 1).await;
-    create_topic(&dlq, 1).await;
-    produce_keyed(&topic, 0, 5, 5).await;
-    let group = unique("tools-group");
-    let rejected = format!("kafka:{group}:{topic}:0:1");
+    let setup = DeadLetterSetup::create("tools", 1, 1).await;
+    let DeadLetterSetup { topic, dlq, group } = &setup;
+    produce_keyed(topic, 0, 5, 5).await;
+    let rejected = setup.id(0, 1);
     let d = dispatcher(Faults {
         scripted: HashMap::from([(rejected.clone(), vec![422])]),
         ..Faults::default()
     })
     .await;
-    let toml = connection_toml(
-        &group,
-        &topic,
-        &d.url(),
-        &format!("on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\n"),
-    );
+    let toml = setup.toml(&d.url(), "");
     let config = temp_config(&toml);
     let connector = Connector::start(&toml);
     wait_for("4 runs and 1 dead letter", Duration::from_secs(60), || {
-        (d.accepted() == 4 && high_watermarks(&dlq, 1) == [1]).then_some(())
+        (d.accepted() == 4 && high_watermarks(dlq, 1) == [1]).then_some(())
     })
     .await;
     wait_for("commit at the end", Duration::from_secs(30), || {
-        (committed(&group, &topic, 1) == [5]).then_some(())
+        (committed(group, topic, 1) == [5]).then_some(())
     })
     .await;
 
-    let shown = cli(&["offsets", "show", "--json"], &config).await;
-    assert!(
-        shown.status.success(),
-        "{}",
-        String::from_utf8_lossy(&shown.stderr)
-    );
+    let shown = cli_ok(&["offsets", "show", "--json"], &config).await;
     let rows: Value = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(
         rows,
@@ -77,7 +76,7 @@ async fn offsets_show_reset_and_dead_letter_replay_work_and_reset_waits_for_an_i
         "reset must be refused while the connector runs"
     );
     assert!(stderr.contains("active member"), "{stderr}");
-    assert_eq!(committed(&group, &topic, 1), vec![5]);
+    assert_eq!(committed(group, topic, 1), vec![5]);
 
     connector.stop().await;
     let reset = wait_for_cli_success(
@@ -97,26 +96,16 @@ async fn offsets_show_reset_and_dead_letter_replay_work_and_reset_waits_for_an_i
             vec![topic.as_str(), "0", "5", "2"]
         ]
     );
-    assert_eq!(committed(&group, &topic, 1), vec![2]);
+    assert_eq!(committed(group, topic, 1), vec![2]);
 
-    let replay = cli(&["dlq", "replay", "--trigger", "main"], &config).await;
+    let replay = cli_ok(&["dlq", "replay", "--trigger", "main"], &config).await;
     let stdout = String::from_utf8_lossy(&replay.stdout);
-    assert!(
-        replay.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&replay.stderr)
-    );
     assert_eq!(
         stdout.trim(),
         format!("0\t0\t{rejected}\taccepted\t{rejected}")
     );
     // The same replay, as JSON (the dispatcher accepts the key again: it is idempotent).
-    let replay = cli(&["dlq", "replay", "--trigger", "main", "--json"], &config).await;
-    assert!(
-        replay.status.success(),
-        "{}",
-        String::from_utf8_lossy(&replay.stderr)
-    );
+    let replay = cli_ok(&["dlq", "replay", "--trigger", "main", "--json"], &config).await;
     let replayed: Value = serde_json::from_slice(&replay.stdout).unwrap();
     assert_eq!(
         replayed,
@@ -237,10 +226,9 @@ async fn offsets_reset_dry_runs_by_default_and_executes_on_the_chosen_partition_
     let config = temp_config(&connection_toml(&group, &topic, &d.url(), ""));
 
     // A dry run of every partition: the plan, and nothing written.
-    let dry = cli(&["offsets", "reset", "--to", "earliest"], &config).await;
+    let dry = cli_ok(&["offsets", "reset", "--to", "earliest"], &config).await;
     let stdout = String::from_utf8_lossy(&dry.stdout);
     let stderr = String::from_utf8_lossy(&dry.stderr);
-    assert!(dry.status.success(), "{stderr}");
     let rows: Vec<Vec<String>> = stdout
         .lines()
         .map(|l| l.split_whitespace().map(str::to_owned).collect())
@@ -275,12 +263,7 @@ async fn offsets_reset_dry_runs_by_default_and_executes_on_the_chosen_partition_
         "1",
         "--json",
     ];
-    let dry = cli(&args, &config).await;
-    assert!(
-        dry.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dry.stderr)
-    );
+    let dry = cli_ok(&args, &config).await;
     let plan: Value = serde_json::from_slice(&dry.stdout).unwrap();
     let one = json!([{
         "topic": topic, "partition": 1, "current": ends[1], "planned": 0,
@@ -293,12 +276,7 @@ async fn offsets_reset_dry_runs_by_default_and_executes_on_the_chosen_partition_
     assert_eq!(committed(&group, &topic, 3), ends);
 
     // Executed: only partition 1 moves.
-    let executed = cli(&[&args[..], &["--execute"]].concat(), &config).await;
-    assert!(
-        executed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&executed.stderr)
-    );
+    let executed = cli_ok(&[&args[..], &["--execute"]].concat(), &config).await;
     let result: Value = serde_json::from_slice(&executed.stdout).unwrap();
     assert_eq!(result["executed"], true);
     assert_eq!(result["partitions"], one);
@@ -345,10 +323,8 @@ async fn offsets_reset_dry_runs_by_default_and_executes_on_the_chosen_partition_
 /// of them is retried, and every dead letter ends accepted once.
 #[tokio::test]
 async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_retries() {
-    let topic = unique("tools-replay");
-    let dlq = unique("tools-replay-dlq");
-    create_topic(&topic, 3).await;
-    create_topic(&dlq, 3).await;
+    let setup = DeadLetterSetup::create("tools-replay", 3, 3).await;
+    let DeadLetterSetup { topic, dlq, group } = &setup;
     // Partitioned by key as the connector's producer partitions dead letters (murmur2), so
     // a record's dead letter lands in the partition of the same number.
     let records: Vec<Value> = (0..30)
@@ -371,8 +347,7 @@ async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_re
             )
         })
         .collect();
-    let group = unique("tools-replay-group");
-    let id = |(p, o): (i32, i64)| format!("kafka:{group}:{topic}:{p}:{o}");
+    let id = |(p, o): (i32, i64)| setup.id(p, o);
     // The first two records of each partition are refused: six dead letters, two each.
     let mut refused: BTreeMap<i32, Vec<(i64, i64)>> = BTreeMap::new();
     for (i, &(p, o)) in placed.iter().enumerate() {
@@ -395,15 +370,13 @@ async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_re
         ..Faults::default()
     })
     .await;
-    let trigger_extra = format!(
-        "batch = {{ max_records = 10, max_wait_ms = 200 }}\non_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\n"
-    );
-    let connector = Connector::start(&connection_toml(&group, &topic, &d.url(), &trigger_extra));
-    let _ = wait_committed_to_end(&group, &topic, 3).await;
+    let batch = "batch = { max_records = 10, max_wait_ms = 200 }\n";
+    let connector = Connector::start(&setup.toml(&d.url(), batch));
+    let _ = wait_committed_to_end(group, topic, 3).await;
     wait_for(
         "two dead letters per partition",
         Duration::from_secs(30),
-        || (high_watermarks(&dlq, 3) == [2, 2, 2]).then_some(()),
+        || (high_watermarks(dlq, 3) == [2, 2, 2]).then_some(()),
     )
     .await;
     connector.stop().await;
@@ -419,12 +392,7 @@ async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_re
         ..Faults::default()
     })
     .await;
-    let config = temp_config(&connection_toml(
-        &group,
-        &topic,
-        &replay.url(),
-        &trigger_extra,
-    ));
+    let config = temp_config(&setup.toml(&replay.url(), batch));
     let expected = |outcome: &str, attempts: u32| -> BTreeSet<String> {
         refused
             .iter()
@@ -443,13 +411,12 @@ async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_re
     };
 
     // A dry run of every partition: each record and the batch it would go in; nothing sent.
-    let dry = cli(
+    let dry = cli_ok(
         &["dlq", "replay", "--trigger", "main", "--dry-run", "--json"],
         &config,
     )
     .await;
     let stderr = String::from_utf8_lossy(&dry.stderr);
-    assert!(dry.status.success(), "{stderr}");
     let planned: Vec<Value> = serde_json::from_slice(&dry.stdout).unwrap();
     let planned: BTreeSet<String> = planned.iter().map(Value::to_string).collect();
     assert_eq!(planned, expected("dry_run", 0));
@@ -458,7 +425,7 @@ async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_re
         "{stderr}"
     );
     // The same for partition 2 only, as lines.
-    let dry = cli(
+    let dry = cli_ok(
         &[
             "dlq",
             "replay",
@@ -471,11 +438,6 @@ async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_re
         &config,
     )
     .await;
-    assert!(
-        dry.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dry.stderr)
-    );
     let lines: Vec<String> = String::from_utf8_lossy(&dry.stdout)
         .lines()
         .map(str::to_owned)
@@ -489,9 +451,7 @@ async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_re
     assert_eq!(replay.attempts(), 0, "a dry run sends nothing");
 
     // The replay: one batch body per partition, partition 1's after a retry.
-    let done = cli(&["dlq", "replay", "--trigger", "main", "--json"], &config).await;
-    let stderr = String::from_utf8_lossy(&done.stderr);
-    assert!(done.status.success(), "{stderr}");
+    let done = cli_ok(&["dlq", "replay", "--trigger", "main", "--json"], &config).await;
     let replayed: Vec<Value> = serde_json::from_slice(&done.stdout).unwrap();
     let replayed: BTreeSet<String> = replayed.iter().map(Value::to_string).collect();
     assert_eq!(replayed, expected("accepted", 1));
