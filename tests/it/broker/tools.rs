@@ -320,7 +320,8 @@ async fn offsets_reset_dry_runs_by_default_and_executes_on_the_chosen_partition_
 /// A batch trigger's dead letters spread over the three partitions of its dead-letter topic:
 /// a dry run (of every partition, then of one) sends nothing and names the batches; the
 /// replay sends each partition's dead letters as one batch body, the dispatcher's 503 to one
-/// of them is retried, and every dead letter ends accepted once.
+/// of them is retried, and every dead letter ends accepted once. Against a dispatcher that
+/// names an event failed and refuses another, the replay answers as the daemon's batches do.
 #[tokio::test]
 async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_retries() {
     let setup = DeadLetterSetup::create("tools-replay", 3, 3).await;
@@ -491,4 +492,62 @@ async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_re
     let mut refused_values: Vec<i64> = refused.values().flatten().map(|&(i, _)| i).collect();
     refused_values.sort_unstable();
     assert_eq!(values, refused_values);
+
+    // Against a dispatcher that answers partition 0's first event failed once and refuses
+    // partition 2's first: the failed one goes again alone, the refused batch is halved, its
+    // refused record is reported and the replay fails; the others are accepted.
+    let (failed, refusing) = (id((0, refused[&0][0].1)), id((2, refused[&2][0].1)));
+    let picky = dispatcher(Faults {
+        fail_events: HashMap::from([(failed, 1)]),
+        reject_events: HashSet::from([refusing]),
+        ..Faults::default()
+    })
+    .await;
+    let config = temp_config(&setup.toml(&picky.url(), batch));
+    let out = cli(&["dlq", "replay", "--trigger", "main", "--json"], &config).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("error: 1 record(s) were not accepted"),
+        "{stderr}"
+    );
+    let alone = |p: i32, n: usize| {
+        let o = refused[&p][n].1;
+        format!("kafka:{group}:{topic}:{p}:{o}-{o}:1")
+    };
+    let row = |p: i32, n: usize, request: &str, attempts: u32, outcome: &str| {
+        json!({
+            "dead_letter_partition": p, "dead_letter_offset": n,
+            "idempotency_key": id((p, refused[&p][n].1)), "request_key": request,
+            "attempts": attempts, "outcome": outcome
+        })
+    };
+    let got: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        got,
+        [
+            row(0, 0, &alone(0, 0), 2, "accepted"),
+            row(0, 1, &batch_key(0), 1, "accepted"),
+            row(1, 0, &batch_key(1), 1, "accepted"),
+            row(1, 1, &batch_key(1), 1, "accepted"),
+            row(2, 0, &alone(2, 0), 2, "rejected"),
+            row(2, 1, &alone(2, 1), 2, "accepted"),
+        ]
+    );
+    let requests: Vec<(String, u16)> = picky
+        .batches()
+        .into_iter()
+        .map(|b| (b.idempotency_key, b.status))
+        .collect();
+    assert_eq!(
+        requests,
+        [
+            (batch_key(0), 202),
+            (alone(0, 0), 202),
+            (batch_key(1), 202),
+            (batch_key(2), 422),
+            (alone(2, 0), 422),
+            (alone(2, 1), 202),
+        ]
+    );
 }
