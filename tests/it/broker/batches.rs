@@ -15,10 +15,10 @@ use tessel_kafka::cli::dev_dispatcher::{DevDispatcher, Faults};
 use super::failures::read_topic;
 use super::{
     assert_all_once, assert_none_lost, committed, committed_with_metadata, connection_toml,
-    create_topic, dispatcher, high_watermarks, produce_keyed, reference_produce, run_reference,
-    spawn_daemon, wait_committed_to_end, DeadLetterSetup,
+    create_topic, daemon_config, dispatcher, high_watermarks, produce_keyed, reference_produce,
+    run_reference, spawn_daemon, wait_committed_to_end, DeadLetterSetup,
 };
-use crate::support::{stack, temp_config, unique, wait_for};
+use crate::support::{stack, unique, wait_for};
 
 /// The idempotency key of the record at `partition`/`offset` (its event's `id`).
 fn event_id(group: &str, topic: &str, partition: i32, offset: i64) -> String {
@@ -78,7 +78,7 @@ async fn a_batch_closes_at_max_records_at_max_bytes_and_after_max_wait() {
          dispatcher = {{ url = \"{url}\" }}\nbatch = {{ max_records = 500, max_bytes = 1048576, max_wait_ms = 1500 }}\n",
         url = d.url()
     ));
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
+    let config = daemon_config(0, &toml);
     let mut daemon = spawn_daemon(&config, Stdio::null());
     wait_committed_to_end(&group, &by_records, 1).await;
     wait_committed_to_end(&group, &by_bytes, 1).await;
@@ -145,7 +145,7 @@ async fn key_order_holds_across_batches_with_failures_and_partial_failures() {
         &d.url(),
         "concurrency = 3\nbatch = { max_records = 40, max_wait_ms = 100 }\n",
     );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
+    let config = daemon_config(0, &toml);
     let mut daemon = spawn_daemon(&config, Stdio::null());
     wait_for("every run", Duration::from_secs(120), || {
         (d.accepted() >= N).then_some(())
@@ -185,7 +185,7 @@ async fn a_failing_batch_keeps_the_committed_offset_below_it() {
         &d.url(),
         "batch = { max_records = 10, max_wait_ms = 60000 }\n",
     );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
+    let config = daemon_config(0, &toml);
     let mut daemon = spawn_daemon(&config, Stdio::null());
     wait_for(
         "the first two batches committed",
@@ -235,7 +235,7 @@ async fn a_partial_failure_sends_again_only_the_failed_events_and_later_ones_of_
         &d.url(),
         "batch = { max_records = 100, max_wait_ms = 2000 }\n",
     );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
+    let config = daemon_config(0, &toml);
     let mut daemon = spawn_daemon(&config, Stdio::null());
     wait_committed_to_end(&group, &topic, 1).await;
     daemon.kill().unwrap();
@@ -330,7 +330,7 @@ async fn a_poison_record_in_a_batch_of_500_is_bisected_out_and_dead_lettered() {
         &d.url(),
         "batch = { max_records = 500, max_wait_ms = 20000 }\n",
     );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
+    let config = daemon_config(0, &toml);
     let mut daemon = spawn_daemon(&config, Stdio::null());
     wait_committed_to_end(group, topic, 1).await;
     daemon.kill().unwrap();
@@ -401,7 +401,7 @@ async fn sigkill_during_batches_loses_nothing_and_commits_only_accepted_records(
         "\"auto.offset.reset\" = \"earliest\"\n",
         "\"auto.offset.reset\" = \"earliest\"\n\"session.timeout.ms\" = \"6000\"\n",
     );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
+    let config = daemon_config(0, &toml);
     let spawn = || spawn_daemon(&config, Stdio::null());
     let mut daemon = spawn();
     wait_for("500 runs", Duration::from_secs(90), || {

@@ -286,6 +286,20 @@ impl DeadLetterSetup {
     }
 }
 
+/// A config file of `toml` with the daemon's HTTP server on 127.0.0.1:`port` (0: any).
+pub fn daemon_config(port: u16, toml: &str) -> std::path::PathBuf {
+    crate::support::temp_config(&format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}"))
+}
+
+/// `toml` (of [`connection_toml`]) with librdkafka statistics every 500 ms, so lag and
+/// broker metrics move within a test.
+pub fn with_fast_statistics(toml: &str) -> String {
+    toml.replace(
+        "\"auto.offset.reset\" = \"earliest\"\n",
+        "\"auto.offset.reset\" = \"earliest\"\n\"statistics.interval.ms\" = \"500\"\n",
+    )
+}
+
 /// Starts the `tessel-kafka` binary with `config` (its `[log]` section decides the level); its
 /// log goes to `stderr`.
 pub fn spawn_daemon(config: &std::path::Path, stderr: Stdio) -> std::process::Child {
