@@ -16,7 +16,7 @@ use super::failures::read_topic;
 use super::{
     assert_all_once, assert_none_lost, committed, committed_with_metadata, connection_toml,
     create_topic, daemon_config, dispatcher, high_watermarks, produce_keyed, reference_produce,
-    run_reference, spawn_daemon, wait_committed_to_end, DeadLetterSetup,
+    run_reference, spawn_daemon, wait_committed_to_end, Daemon, DeadLetterSetup,
 };
 use crate::support::{stack, unique, wait_for};
 
@@ -78,13 +78,11 @@ async fn a_batch_closes_at_max_records_at_max_bytes_and_after_max_wait() {
          dispatcher = {{ url = \"{url}\" }}\nbatch = {{ max_records = 500, max_bytes = 1048576, max_wait_ms = 1500 }}\n",
         url = d.url()
     ));
-    let config = daemon_config(0, &toml);
-    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let daemon = Daemon::start(&toml);
     wait_committed_to_end(&group, &by_records, 1).await;
     wait_committed_to_end(&group, &by_bytes, 1).await;
     wait_committed_to_end(&group, &by_wait, 1).await;
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    drop(daemon);
 
     let batches = d.batches();
     let sizes = |topic: &str| -> Vec<usize> {
@@ -145,15 +143,13 @@ async fn key_order_holds_across_batches_with_failures_and_partial_failures() {
         &d.url(),
         "concurrency = 3\nbatch = { max_records = 40, max_wait_ms = 100 }\n",
     );
-    let config = daemon_config(0, &toml);
-    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let daemon = Daemon::start(&toml);
     wait_for("every run", Duration::from_secs(120), || {
         (d.accepted() >= N).then_some(())
     })
     .await;
     wait_committed_to_end(&group, &topic, 3).await;
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    drop(daemon);
 
     assert_all_once(&d, N);
     for ((partition, key), offsets) in accepted_by_key(&d) {
@@ -185,8 +181,7 @@ async fn a_failing_batch_keeps_the_committed_offset_below_it() {
         &d.url(),
         "batch = { max_records = 10, max_wait_ms = 60000 }\n",
     );
-    let config = daemon_config(0, &toml);
-    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let daemon = Daemon::start(&toml);
     wait_for(
         "the first two batches committed",
         Duration::from_secs(60),
@@ -209,8 +204,7 @@ async fn a_failing_batch_keeps_the_committed_offset_below_it() {
     assert_eq!(ran, (0..20).collect::<BTreeSet<i64>>());
     d.faults(|f| f.fail_keys.clear());
     wait_committed_to_end(&group, &topic, 1).await;
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    drop(daemon);
     assert_all_once(&d, 100);
 }
 
@@ -235,11 +229,9 @@ async fn a_partial_failure_sends_again_only_the_failed_events_and_later_ones_of_
         &d.url(),
         "batch = { max_records = 100, max_wait_ms = 2000 }\n",
     );
-    let config = daemon_config(0, &toml);
-    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let daemon = Daemon::start(&toml);
     wait_committed_to_end(&group, &topic, 1).await;
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    drop(daemon);
 
     assert_all_once(&d, 100);
     // Offset o holds value o, key k{o % 10}.
@@ -330,11 +322,9 @@ async fn a_poison_record_in_a_batch_of_500_is_bisected_out_and_dead_lettered() {
         &d.url(),
         "batch = { max_records = 500, max_wait_ms = 20000 }\n",
     );
-    let config = daemon_config(0, &toml);
-    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let daemon = Daemon::start(&toml);
     wait_committed_to_end(group, topic, 1).await;
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    drop(daemon);
 
     let batches = d.batches();
     assert_eq!(batches[0].ids.len(), 500, "one batch of 500 first");

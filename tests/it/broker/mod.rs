@@ -300,6 +300,24 @@ pub fn with_fast_statistics(toml: &str) -> String {
     )
 }
 
+/// `tessel-kafka run` for `toml` (its HTTP server on any port, its log discarded), killed
+/// (SIGKILL) when dropped: also when a test fails, so no daemon outlives its test.
+pub struct Daemon(std::process::Child);
+
+impl Daemon {
+    /// Starts it.
+    pub fn start(toml: &str) -> Self {
+        Self(spawn_daemon(&daemon_config(0, toml), Stdio::null()))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts the `tessel-kafka` binary with `config` (its `[log]` section decides the level); its
 /// log goes to `stderr`.
 pub fn spawn_daemon(config: &std::path::Path, stderr: Stdio) -> std::process::Child {
