@@ -10,7 +10,7 @@
 //! - [`produce`]: the produce API and command: encode, authorize, write.
 //! - [`cli`], [`cli::commands`]: the command line and what each command does.
 //! - [`app`], [`shutdown`], [`admin`], [`telemetry`]: running the daemon.
-//! - [`ops::tools`]: offsets show / reset and dead-letter replay.
+//! - [`ops::tools`]: offsets show / reset; [`ops::replay`]: dead-letter replay.
 //! - [`ops::check`]: `tessel-kafka check`, the connection and permission checks.
 //! - [`cli::dev_dispatcher`]: a local dispatcher for the quick start and tests.
 

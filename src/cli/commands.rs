@@ -60,13 +60,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail(&e.to_string()),
             };
-            let _ = telemetry::init_tracing(
-                &LogConfig {
-                    level: "warn".to_owned(),
-                    ..config.log.clone()
-                },
-                None,
-            );
+            warnings_only(&config);
             match super::produce::run(&config, &args).await {
                 Ok(summary) => {
                     eprintln!("{summary}");
@@ -81,42 +75,21 @@ pub async fn execute(cli: Cli) -> ExitCode {
                     config,
                     connection,
                     trigger,
-                    partition,
+                    partitions,
                     from,
                     to,
+                    dry_run,
                     json,
                 },
         } => {
-            let result = match Config::load(&config) {
-                Ok(c) => {
-                    tools::dlq_replay(&c, connection.as_deref(), &trigger, partition, from, to)
-                        .await
-                }
-                Err(e) => Err(e.into()),
+            let request = crate::ops::replay::ReplayRequest {
+                trigger,
+                partitions,
+                from,
+                to,
+                dry_run,
             };
-            match result {
-                Ok(replayed) => {
-                    if json {
-                        println!(
-                            "{}",
-                            serde_json::to_string_pretty(&replayed).unwrap_or_default()
-                        );
-                    } else {
-                        for r in &replayed {
-                            println!(
-                                "{}\t{}\t{}",
-                                r.dead_letter_offset, r.idempotency_key, r.outcome
-                            );
-                        }
-                    }
-                    if replayed.iter().all(|r| r.outcome == "accepted") {
-                        ExitCode::SUCCESS
-                    } else {
-                        fail("some records were not accepted")
-                    }
-                }
-                Err(e) => fail(&format!("{e:#}")),
-            }
+            dlq_replay_command(&config, connection.as_deref(), &request, json).await
         }
         Command::DevDispatcher {
             listen,
@@ -285,6 +258,79 @@ async fn tools_command(command: OffsetsCommand) -> ExitCode {
     }
 }
 
+/// `dlq replay`: a line (or a JSON array element) per record as soon as it is settled, a
+/// summary on stderr; fails unless every record was accepted (or, in a dry run, would be
+/// sent).
+async fn dlq_replay_command(
+    path: &std::path::Path,
+    connection: Option<&str>,
+    request: &crate::ops::replay::ReplayRequest,
+    json: bool,
+) -> ExitCode {
+    use std::io::Write as _;
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => return fail(&e.to_string()),
+    };
+    // Retries and registry trouble are logged on stderr.
+    warnings_only(&config);
+    let mut first = true;
+    let emit = |r: &crate::ops::replay::Replayed| {
+        let line = if json {
+            let sep = if first { "[\n  " } else { ",\n  " };
+            format!("{sep}{}", serde_json::to_string(r).unwrap_or_default())
+        } else {
+            format!(
+                "{}\t{}\t{}\t{}\t{}\n",
+                r.dead_letter_partition,
+                r.dead_letter_offset,
+                r.idempotency_key,
+                r.outcome,
+                r.request_key.as_deref().unwrap_or("-")
+            )
+        };
+        first = false;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(line.as_bytes());
+        let _ = out.flush();
+    };
+    let result = crate::ops::replay::dlq_replay(&config, connection, request, emit).await;
+    if json {
+        println!("{}", if first { "[]" } else { "\n]" });
+    }
+    match result {
+        Ok(s) if s.dry_run => {
+            eprintln!(
+                "dry run: nothing was sent; {} record(s) would go in {} request(s){}",
+                s.records,
+                s.requests,
+                if s.failed > 0 {
+                    format!(", {} could not be", s.failed)
+                } else {
+                    String::new()
+                }
+            );
+            if s.failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                fail(&format!("{} record(s) cannot be replayed", s.failed))
+            }
+        }
+        Ok(s) => {
+            eprintln!(
+                "replayed {} record(s) of partition(s) {:?} in {} request(s): {} accepted",
+                s.records, s.partitions, s.requests, s.accepted
+            );
+            if s.failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                fail(&format!("{} record(s) were not accepted", s.failed))
+            }
+        }
+        Err(e) => fail(&format!("{e:#}")),
+    }
+}
+
 /// The plan of `offsets reset` as a table: one line per partition.
 fn render_reset(report: &tools::ResetReport) -> String {
     let mut out = format!(
@@ -336,6 +382,17 @@ async fn check_command(config: &std::path::Path, json: bool) -> ExitCode {
         eprintln!("error: {failed} check(s) failed");
         ExitCode::FAILURE
     }
+}
+
+/// A tool's log: warnings and errors only, on stderr, in the configured format.
+fn warnings_only(config: &Config) {
+    let _ = telemetry::init_tracing(
+        &LogConfig {
+            level: "warn".to_owned(),
+            ..config.log.clone()
+        },
+        None,
+    );
 }
 
 fn fail(message: &str) -> ExitCode {

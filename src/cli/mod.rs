@@ -166,7 +166,10 @@ pub enum OffsetsCommand {
 /// `tessel-kafka dlq …`.
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
-    /// Dispatch dead-lettered messages again, with their original idempotency keys.
+    /// Dispatch a trigger's dead letters again, as the daemon dispatches records: in its
+    /// envelope, with the original idempotency keys, in batches for a batch trigger, retried
+    /// per its `retry` settings. Reads every partition of the dead-letter topic, a record at
+    /// a time, and prints a line per record as it is settled.
     Replay {
         /// Configuration file (TOML).
         #[arg(long, short, env = "TESSEL_KAFKA_CONFIG")]
@@ -177,16 +180,19 @@ pub enum DlqCommand {
         /// The trigger whose dead_letter_topic is replayed.
         #[arg(long)]
         trigger: String,
-        /// Partition of the dead-letter topic.
-        #[arg(long, default_value_t = 0)]
-        partition: i32,
-        /// First offset to replay.
+        /// Only this partition of the dead-letter topic (repeatable; default: every one).
+        #[arg(long = "partition")]
+        partitions: Vec<i32>,
+        /// First offset to replay in each partition.
         #[arg(long, default_value_t = 0)]
         from: i64,
-        /// Stop before this offset (default: the end).
+        /// Stop before this offset in each partition (default: the end).
         #[arg(long)]
         to: Option<i64>,
-        /// Print the replayed records as JSON instead of tab-separated lines.
+        /// Say which requests would be sent (outcome `dry_run`), and send nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the records as a JSON array instead of tab-separated lines.
         #[arg(long)]
         json: bool,
     },

@@ -10,6 +10,17 @@ pub struct Backoff {
     max_retry_after: Duration,
 }
 
+impl From<&crate::config::RetryConfig> for Backoff {
+    /// The delays between attempts a trigger's `retry` settings describe.
+    fn from(r: &crate::config::RetryConfig) -> Self {
+        Backoff::new(
+            Duration::from_millis(r.initial_backoff_ms),
+            Duration::from_millis(r.max_backoff_ms),
+        )
+        .with_max_retry_after(Duration::from_millis(r.max_retry_after_ms))
+    }
+}
+
 impl Backoff {
     /// `initial` doubles per attempt up to `max`; a server's Retry-After is honoured up to
     /// `max` or five minutes, whichever is longer (see [`Backoff::with_max_retry_after`]).

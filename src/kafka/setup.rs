@@ -134,11 +134,7 @@ impl Triggers {
                 config: t.clone(),
                 dispatcher,
                 permits: Arc::clone(&permits),
-                backoff: Backoff::new(
-                    Duration::from_millis(t.retry.initial_backoff_ms),
-                    Duration::from_millis(t.retry.max_backoff_ms),
-                )
-                .with_max_retry_after(Duration::from_millis(t.retry.max_retry_after_ms)),
+                backoff: Backoff::from(&t.retry),
                 decoder: decoder.clone(),
                 producer: producer.clone(),
                 throttle_until: std::sync::Mutex::new(None),

@@ -2,4 +2,5 @@
 //! connection), committed offsets and lag, offset resets, and dead-letter replay.
 
 pub mod check;
+pub mod replay;
 pub mod tools;

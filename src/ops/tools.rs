@@ -1,26 +1,20 @@
-//! Operator tools: committed offsets and lag, resetting a group's offsets, replaying a
-//! dead-letter topic. They use the connection's own settings (cluster, security, group).
+//! Operator tools: committed offsets and lag, resetting a group's offsets (dead-letter
+//! replay is in [`super::replay`]). They use the connection's own settings (cluster,
+//! security, group).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, FromClientConfigAndContext};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
-
-use crate::codec::headers::raw_headers;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
-use crate::codec::registry::RegistryClient;
-use crate::codec::{Decoder, Field};
 use crate::config::{Config, ConnectionConfig};
-use crate::dispatch::event::{self, EventSource};
-use crate::dispatch::{DispatchOutcome, HttpDispatcher};
 use crate::kafka::security::SecurityContext;
 
-const TIMEOUT: Duration = Duration::from_secs(15);
+pub(super) const TIMEOUT: Duration = Duration::from_secs(15);
 
 /// One partition's position for `offsets show`.
 #[derive(Debug, Serialize)]
@@ -39,7 +33,7 @@ pub struct PartitionOffsets {
     pub lag: i64,
 }
 
-fn connection<'a>(
+pub(super) fn connection<'a>(
     config: &'a Config,
     name: Option<&str>,
 ) -> anyhow::Result<(&'a str, &'a ConnectionConfig)> {
@@ -67,6 +61,15 @@ fn admin_consumer(conn: &ConnectionConfig) -> anyhow::Result<BaseConsumer<Securi
     let _ = cfg
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
+    client(&cfg, conn)
+}
+
+/// A client of the connection's cluster configured by `cfg`, with the connection's security
+/// context (MSK IAM tokens).
+pub(super) fn client<T: FromClientConfigAndContext<SecurityContext>>(
+    cfg: &ClientConfig,
+    conn: &ConnectionConfig,
+) -> anyhow::Result<T> {
     let context = SecurityContext::for_connection("tools", conn)?;
     cfg.create_with_context(context)
         .context("cannot create a Kafka client for the connection")
@@ -378,183 +381,4 @@ pub fn offsets_reset(
         active_members,
         partitions: plan,
     })
-}
-
-/// The result of replaying one dead-letter record.
-#[derive(Debug, Serialize)]
-pub struct Replayed {
-    /// Offset of the record in the dead-letter topic.
-    pub dead_letter_offset: i64,
-    /// The original record's idempotency key.
-    pub idempotency_key: String,
-    /// `accepted`, `retryable`, `rejected`, `unauthorized`, or `undecodable`.
-    pub outcome: String,
-}
-
-/// Dispatches the records of a trigger's dead-letter topic (partition `partition`, offsets
-/// `from..to`) again, as the original messages with their original idempotency keys.
-pub async fn dlq_replay(
-    config: &Config,
-    name: Option<&str>,
-    trigger_name: &str,
-    partition: i32,
-    from: i64,
-    to: Option<i64>,
-) -> anyhow::Result<Vec<Replayed>> {
-    let (cname, conn) = connection(config, name)?;
-    let trigger = conn
-        .triggers
-        .get(trigger_name)
-        .with_context(|| format!("no trigger {trigger_name} in connection {cname}"))?;
-    let dlq = trigger
-        .dead_letter_topic
-        .as_deref()
-        .with_context(|| format!("trigger {trigger_name} has no dead_letter_topic"))?;
-    let registry = match &conn.schema_registry {
-        Some(r) => Some(std::sync::Arc::new(RegistryClient::try_new(r)?)),
-        None => None,
-    };
-    let decoder = Decoder::new(registry);
-    let dispatcher = HttpDispatcher::try_new(&trigger.dispatcher).map_err(anyhow::Error::msg)?;
-    let cloudevents = crate::dispatch::cloudevents::CloudEvents::for_dispatcher(
-        &trigger.dispatcher,
-        conn.kafka
-            .get("bootstrap.servers")
-            .map_or("", String::as_str),
-    );
-    let consumer = admin_consumer(conn)?;
-    let (_, high) = consumer.fetch_watermarks(dlq, partition, TIMEOUT)?;
-    let end = to.map_or(high, |t| t.min(high));
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(dlq, partition, Offset::Offset(from))?;
-    consumer.assign(&tpl)?;
-    let mut records = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let mut next = from;
-    while next < end {
-        if std::time::Instant::now() > deadline {
-            bail!("timed out reading {dlq}[{partition}] at offset {next}");
-        }
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                next = m.offset() + 1;
-                if m.offset() < end {
-                    records.push(m.detach());
-                }
-            }
-            Some(Err(e)) => bail!("reading {dlq}: {e}"),
-            None => {}
-        }
-    }
-    let mut out = Vec::new();
-    for r in records {
-        let Some(original) = original_of(&r) else {
-            out.push(Replayed {
-                dead_letter_offset: r.offset(),
-                idempotency_key: String::new(),
-                outcome: "not_a_dead_letter_record".into(),
-            });
-            continue;
-        };
-        let id = header(&r, "tessel.idempotency.key").unwrap_or_else(|| {
-            event::idempotency_key(
-                conn.group_id(),
-                original.topic(),
-                original.partition(),
-                original.offset(),
-            )
-        });
-        let headers = event::headers_of(&original);
-        let key = decoder
-            .decode(
-                trigger.key_format,
-                original.key(),
-                original.topic(),
-                Field::Key,
-            )
-            .await;
-        let value = decoder
-            .decode(
-                trigger.value_format,
-                original.payload(),
-                original.topic(),
-                Field::Value,
-            )
-            .await;
-        let outcome = match (key, value) {
-            (Ok(k), Ok(v)) => {
-                let source = EventSource {
-                    connection: cname,
-                    trigger: trigger_name,
-                    workflow: &trigger.workflow,
-                };
-                // The trigger's envelope, as the daemon would send it.
-                let (body, envelope) = crate::dispatch::cloudevents::request(
-                    cloudevents.as_ref(),
-                    source,
-                    &id,
-                    &original,
-                    &headers,
-                    &k,
-                    &v,
-                );
-                match dispatcher
-                    .dispatch_with(body, &id, event::traceparent(&headers), envelope)
-                    .await
-                {
-                    DispatchOutcome::Accepted { .. } => "accepted",
-                    o => o.label(),
-                }
-            }
-            _ => "undecodable",
-        };
-        out.push(Replayed {
-            dead_letter_offset: r.offset(),
-            idempotency_key: id,
-            outcome: outcome.to_owned(),
-        });
-    }
-    Ok(out)
-}
-
-fn header(m: &OwnedMessage, name: &str) -> Option<String> {
-    raw_headers(m)
-        .find(|h| h.name == name.as_bytes())
-        .and_then(|h| h.value)
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-}
-
-/// Rebuilds the original record from a dead-letter record: its topic, partition and offset
-/// from the `__connect.errors.*` headers, its own headers without the added ones.
-fn original_of(r: &OwnedMessage) -> Option<OwnedMessage> {
-    let topic = header(r, "__connect.errors.topic")?;
-    let partition = header(r, "__connect.errors.partition")?.parse().ok()?;
-    let offset = header(r, "__connect.errors.offset")?.parse().ok()?;
-    let mut headers = OwnedHeaders::new();
-    for h in raw_headers(r) {
-        // rust-rdkafka only writes UTF-8 names: one that is not is replayed with its invalid
-        // bytes replaced (the record itself is not changed).
-        let name = String::from_utf8_lossy(h.name);
-        if name.starts_with("__connect.errors.") || name.starts_with("tessel.") {
-            continue;
-        }
-        headers = headers.insert(Header {
-            key: &name,
-            value: h.value,
-        });
-    }
-    // A dead letter is stamped with the time it was written; the record's own time is in a
-    // header (dead letters written before that carry it as their timestamp).
-    let timestamp = header(r, crate::kafka::run::ORIGINAL_TIMESTAMP_HEADER)
-        .and_then(|t| t.parse().ok())
-        .map_or_else(|| r.timestamp(), rdkafka::Timestamp::CreateTime);
-    Some(OwnedMessage::new(
-        r.payload().map(<[u8]>::to_vec),
-        r.key().map(<[u8]>::to_vec),
-        topic,
-        timestamp,
-        partition,
-        offset,
-        Some(headers),
-    ))
 }

@@ -84,6 +84,16 @@ pub struct RetryPolicy {
     pub schema_not_found: Duration,
 }
 
+impl From<&crate::config::RetryConfig> for RetryPolicy {
+    /// The settings of a trigger's `retry` table that [`decide`] applies.
+    fn from(r: &crate::config::RetryConfig) -> Self {
+        Self {
+            max_attempts: r.max_attempts,
+            schema_not_found: std::time::Duration::from_millis(r.schema_not_found_ms),
+        }
+    }
+}
+
 /// What happens next to a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Next {

@@ -101,10 +101,7 @@ impl TriggerRuntime {
 
     /// The trigger's retry settings, for [`decide()`].
     pub fn retry_policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            max_attempts: self.config.retry.max_attempts,
-            schema_not_found: Duration::from_millis(self.config.retry.schema_not_found_ms),
-        }
+        RetryPolicy::from(&self.config.retry)
     }
 
     pub(super) fn throttle_deadline(&self) -> Option<Instant> {

@@ -15,10 +15,10 @@ use tessel_kafka::cli::dev_dispatcher::{DevDispatcher, Faults};
 use super::failures::read_topic;
 use super::{
     assert_all_once, assert_none_lost, committed, committed_with_metadata, connection_toml,
-    create_topic, dispatcher, high_watermarks, produce_keyed, reference_produce, run_reference,
-    spawn_daemon, wait_committed_to_end,
+    create_topic, daemon_config, dispatcher, high_watermarks, produce_keyed, reference_produce,
+    run_reference, spawn_daemon, wait_committed_to_end, Daemon, DeadLetterSetup,
 };
-use crate::support::{stack, temp_config, unique, wait_for};
+use crate::support::{stack, unique, wait_for};
 
 /// The idempotency key of the record at `partition`/`offset` (its event's `id`).
 fn event_id(group: &str, topic: &str, partition: i32, offset: i64) -> String {
@@ -78,13 +78,11 @@ async fn a_batch_closes_at_max_records_at_max_bytes_and_after_max_wait() {
          dispatcher = {{ url = \"{url}\" }}\nbatch = {{ max_records = 500, max_bytes = 1048576, max_wait_ms = 1500 }}\n",
         url = d.url()
     ));
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
-    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let daemon = Daemon::start(&toml);
     wait_committed_to_end(&group, &by_records, 1).await;
     wait_committed_to_end(&group, &by_bytes, 1).await;
     wait_committed_to_end(&group, &by_wait, 1).await;
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    drop(daemon);
 
     let batches = d.batches();
     let sizes = |topic: &str| -> Vec<usize> {
@@ -145,15 +143,13 @@ async fn key_order_holds_across_batches_with_failures_and_partial_failures() {
         &d.url(),
         "concurrency = 3\nbatch = { max_records = 40, max_wait_ms = 100 }\n",
     );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
-    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let daemon = Daemon::start(&toml);
     wait_for("every run", Duration::from_secs(120), || {
         (d.accepted() >= N).then_some(())
     })
     .await;
     wait_committed_to_end(&group, &topic, 3).await;
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    drop(daemon);
 
     assert_all_once(&d, N);
     for ((partition, key), offsets) in accepted_by_key(&d) {
@@ -185,8 +181,7 @@ async fn a_failing_batch_keeps_the_committed_offset_below_it() {
         &d.url(),
         "batch = { max_records = 10, max_wait_ms = 60000 }\n",
     );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
-    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let daemon = Daemon::start(&toml);
     wait_for(
         "the first two batches committed",
         Duration::from_secs(60),
@@ -209,8 +204,7 @@ async fn a_failing_batch_keeps_the_committed_offset_below_it() {
     assert_eq!(ran, (0..20).collect::<BTreeSet<i64>>());
     d.faults(|f| f.fail_keys.clear());
     wait_committed_to_end(&group, &topic, 1).await;
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    drop(daemon);
     assert_all_once(&d, 100);
 }
 
@@ -235,11 +229,9 @@ async fn a_partial_failure_sends_again_only_the_failed_events_and_later_ones_of_
         &d.url(),
         "batch = { max_records = 100, max_wait_ms = 2000 }\n",
     );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
-    let mut daemon = spawn_daemon(&config, Stdio::null());
+    let daemon = Daemon::start(&toml);
     wait_committed_to_end(&group, &topic, 1).await;
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    drop(daemon);
 
     assert_all_once(&d, 100);
     // Offset o holds value o, key k{o % 10}.
@@ -317,31 +309,22 @@ async fn a_409_to_a_batch_commits_nothing_until_the_batch_is_answered_under_its_
 
 #[tokio::test]
 async fn a_poison_record_in_a_batch_of_500_is_bisected_out_and_dead_lettered() {
-    let topic = unique("batch-poison");
-    let dlq = unique("batch-poison-dlq");
-    create_topic(&topic, 1).await;
-    create_topic(&dlq, 1).await;
-    produce_keyed(&topic, 0, 500, 10).await;
-    let group = unique("batch-poison-group");
+    let setup = DeadLetterSetup::create("batch-poison", 1, 1).await;
+    let DeadLetterSetup { topic, dlq, group } = &setup;
+    produce_keyed(topic, 0, 500, 10).await;
     let poison = 321i64;
     let d = dispatcher(Faults {
-        reject_events: HashSet::from([event_id(&group, &topic, 0, poison)]),
+        reject_events: HashSet::from([setup.id(0, poison)]),
         ..Faults::default()
     })
     .await;
-    let toml = connection_toml(
-        &group,
-        &topic,
+    let toml = setup.toml(
         &d.url(),
-        &format!(
-            "batch = {{ max_records = 500, max_wait_ms = 20000 }}\non_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\n"
-        ),
+        "batch = { max_records = 500, max_wait_ms = 20000 }\n",
     );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
-    let mut daemon = spawn_daemon(&config, Stdio::null());
-    wait_committed_to_end(&group, &topic, 1).await;
-    daemon.kill().unwrap();
-    let _ = daemon.wait();
+    let daemon = Daemon::start(&toml);
+    wait_committed_to_end(group, topic, 1).await;
+    drop(daemon);
 
     let batches = d.batches();
     assert_eq!(batches[0].ids.len(), 500, "one batch of 500 first");
@@ -373,8 +356,8 @@ async fn a_poison_record_in_a_batch_of_500_is_bisected_out_and_dead_lettered() {
         (0..500).filter(|i| *i != poison).collect::<Vec<_>>()
     );
     // The poison record alone is in the dead-letter topic, with where it came from.
-    assert_eq!(high_watermarks(&dlq, 1), vec![1]);
-    let dead = read_topic(&dlq, 1).await;
+    assert_eq!(high_watermarks(dlq, 1), vec![1]);
+    let dead = read_topic(dlq, 1).await;
     assert_eq!(
         dead[0].headers["__connect.errors.offset"],
         poison.to_string()
@@ -382,7 +365,7 @@ async fn a_poison_record_in_a_batch_of_500_is_bisected_out_and_dead_lettered() {
     assert_eq!(dead[0].headers["tessel.error.class"], "dispatch_rejected");
     assert_eq!(
         dead[0].headers["tessel.idempotency.key"],
-        event_id(&group, &topic, 0, poison)
+        setup.id(0, poison)
     );
 }
 
@@ -408,7 +391,7 @@ async fn sigkill_during_batches_loses_nothing_and_commits_only_accepted_records(
         "\"auto.offset.reset\" = \"earliest\"\n",
         "\"auto.offset.reset\" = \"earliest\"\n\"session.timeout.ms\" = \"6000\"\n",
     );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}"));
+    let config = daemon_config(0, &toml);
     let spawn = || spawn_daemon(&config, Stdio::null());
     let mut daemon = spawn();
     wait_for("500 runs", Duration::from_secs(90), || {

@@ -16,7 +16,7 @@ use super::produce_keyed;
 use super::sasl_ssl_kafka_table;
 use super::{
     committed, connection_toml, create_topic, dispatcher, high_watermarks, reference_produce,
-    spawn_daemon, wait_committed_to_end, Connector,
+    spawn_daemon, wait_committed_to_end, Connector, DeadLetterSetup,
 };
 use crate::support::{stack, temp_config, unique, wait_for};
 
@@ -88,13 +88,10 @@ pub async fn read_topic(topic: &str, count: usize) -> Vec<DeadLetter> {
 
 #[tokio::test]
 async fn each_dispatcher_status_leads_to_its_documented_outcome() {
-    let topic = unique("statuses");
-    let dlq = unique("statuses-dlq");
-    create_topic(&topic, 1).await;
-    create_topic(&dlq, 1).await;
-    produce_keyed(&topic, 0, 9, 9).await;
-    let group = unique("statuses-group");
-    let key = |o: i64| format!("kafka:{group}:{topic}:0:{o}");
+    let setup = DeadLetterSetup::create("statuses", 1, 1).await;
+    let DeadLetterSetup { topic, dlq, group } = &setup;
+    produce_keyed(topic, 0, 9, 9).await;
+    let key = |o: i64| setup.id(0, o);
     let script: HashMap<String, Vec<u16>> = [
         (0, vec![400]),
         (1, vec![404]),
@@ -115,10 +112,8 @@ async fn each_dispatcher_status_leads_to_its_documented_outcome() {
         ..Faults::default()
     })
     .await;
-    let extra = format!(
-        "on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\nconcurrency = 9\nordering = \"unordered\"\n"
-    );
-    let toml = connection_toml(&group, &topic, &d.url(), &extra).replace(
+    let extra = "concurrency = 9\nordering = \"unordered\"\n";
+    let toml = setup.toml(&d.url(), extra).replace(
         "retry = { initial_backoff_ms = 50, max_backoff_ms = 500 }",
         "retry = { initial_backoff_ms = 100, max_backoff_ms = 200, max_attempts = 4 }",
     );
@@ -129,11 +124,11 @@ async fn each_dispatcher_status_leads_to_its_documented_outcome() {
         || (d.accepted() == 3).then_some(()),
     )
     .await;
-    let dead = read_topic(&dlq, 5).await;
+    let dead = read_topic(dlq, 5).await;
     wait_for(
         "commit held at the 401 message",
         Duration::from_secs(30),
-        || (committed(&group, &topic, 1) == [7]).then_some(()),
+        || (committed(group, topic, 1) == [7]).then_some(()),
     )
     .await;
     connector.stop().await;
@@ -171,7 +166,7 @@ async fn each_dispatcher_status_leads_to_its_documented_outcome() {
         let h = by_offset[offset];
         assert_eq!(h["tessel.http.status"], status, "offset {offset}");
         assert_eq!(h["tessel.error.class"], class, "offset {offset}");
-        assert_eq!(h["__connect.errors.topic"], topic);
+        assert_eq!(&h["__connect.errors.topic"], topic);
         assert_eq!(h["__connect.errors.partition"], "0");
         assert_eq!(h["__connect.errors.stage"], "DISPATCH");
         assert_eq!(

@@ -14,7 +14,9 @@ use tessel_kafka::cli::dev_dispatcher::{DevDispatcher, Faults};
 
 use super::failures::read_topic;
 use super::produce::register_schema;
-use super::{committed, create_topic, dispatcher, reference_produce, spawn_daemon};
+use super::{
+    committed, create_topic, dispatcher, reference_produce, spawn_daemon, DeadLetterSetup,
+};
 use crate::support::{binary, free_port, stack, temp_config, unique, wait_for, wait_for_async};
 
 const DISPATCHER_SECRET: &str = "disp-s3cr3t";
@@ -175,14 +177,11 @@ fn sample(metrics: &str, name: &str, labels: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn hostile_records_are_dead_lettered_and_the_next_record_of_their_key_goes_through() {
-    let topic = unique("hostile");
-    let dlq = unique("hostile-dlq");
-    create_topic(&topic, 1).await;
-    create_topic(&dlq, 1).await;
-    let hostile = hostile_records(&topic).await;
-    produce(&topic, &hostile, 1, 0).await;
-    let group = unique("hostile-group");
-    let throttled_key = format!("kafka:{group}:{topic}:0:6");
+    let setup = DeadLetterSetup::create("hostile", 1, 1).await;
+    let DeadLetterSetup { topic, dlq, group } = &setup;
+    let hostile = hostile_records(topic).await;
+    produce(topic, &hostile, 1, 0).await;
+    let throttled_key = setup.id(0, 6);
     let d = dispatcher(Faults {
         scripted: HashMap::from([(throttled_key.clone(), vec![429; 3])]),
         retry_after_secs: Some(i64::MAX as u64),
@@ -190,13 +189,7 @@ async fn hostile_records_are_dead_lettered_and_the_next_record_of_their_key_goes
     })
     .await;
     let admin_port = free_port();
-    let path = temp_config(&config(
-        admin_port,
-        &group,
-        &topic,
-        &d,
-        &format!("on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\""),
-    ));
+    let path = temp_config(&config(admin_port, group, topic, &d, &setup.dead_letter()));
     let log = std::env::temp_dir().join(format!("{}.log", unique("hostile")));
     let mut daemon = spawn_daemon(&path, std::fs::File::create(&log).unwrap().into());
 
@@ -205,9 +198,9 @@ async fn hostile_records_are_dead_lettered_and_the_next_record_of_their_key_goes
         (d.accepted() >= 8).then_some(())
     })
     .await;
-    let dead = read_topic(&dlq, 4).await;
+    let dead = read_topic(dlq, 4).await;
     wait_for("committed to the end", Duration::from_secs(30), || {
-        (committed(&group, &topic, 1) == [12]).then_some(())
+        (committed(group, topic, 1) == [12]).then_some(())
     })
     .await;
     let metrics = get_text(format!("http://127.0.0.1:{admin_port}/metrics"))
@@ -488,13 +481,11 @@ fn kcat_produce(topic: &str, records: &[(&str, &str, Option<&[u8]>)]) {
 /// dispatched, kept as it is in a dead letter, and its key moves on in order.
 #[tokio::test]
 async fn a_header_name_that_is_not_utf8_is_carried_or_dead_lettered_and_its_key_moves_on() {
-    let topic = unique("hdr-name");
-    let dlq = unique("hdr-name-dlq");
-    create_topic(&topic, 1).await;
-    create_topic(&dlq, 1).await;
+    let setup = DeadLetterSetup::create("hdr-name", 1, 1).await;
+    let DeadLetterSetup { topic, dlq, group } = &setup;
     let bad: &[u8] = b"\xff\xfe=v";
     kcat_produce(
-        &topic,
+        topic,
         &[
             ("refused", r#"{"v": "refused"}"#, Some(bad)),
             ("refused", r#"{"after": "refused"}"#, None),
@@ -502,8 +493,7 @@ async fn a_header_name_that_is_not_utf8_is_carried_or_dead_lettered_and_its_key_
             ("carried", r#"{"after": "carried"}"#, None),
         ],
     );
-    let group = unique("hdr-name-group");
-    let refused = format!("kafka:{group}:{topic}:0:0");
+    let refused = setup.id(0, 0);
     // The dispatcher refuses the first record for good, so it is dead-lettered.
     let d = dispatcher(Faults {
         fail_keys: [refused.clone()].into(),
@@ -514,20 +504,18 @@ async fn a_header_name_that_is_not_utf8_is_carried_or_dead_lettered_and_its_key_
     let admin_port = free_port();
     let path = temp_config(&config(
         admin_port,
-        &group,
-        &topic,
+        group,
+        topic,
         &d,
-        &format!(
-            "on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\nvalue_format = \"json\""
-        ),
+        &format!("{}value_format = \"json\"", setup.dead_letter()),
     ));
     let log = std::env::temp_dir().join(format!("{}.log", unique("hdr-name")));
     let mut daemon = spawn_daemon(&path, std::fs::File::create(&log).unwrap().into());
     wait_for("committed to the end", Duration::from_secs(60), || {
-        (committed(&group, &topic, 1) == [4]).then_some(())
+        (committed(group, topic, 1) == [4]).then_some(())
     })
     .await;
-    let dead = read_topic(&dlq, 1).await;
+    let dead = read_topic(dlq, 1).await;
     assert!(daemon.try_wait().unwrap().is_none(), "the daemon runs");
     daemon.kill().unwrap();
     let _ = daemon.wait();

@@ -236,6 +236,88 @@ retry = {{ initial_backoff_ms = 50, max_backoff_ms = 500 }}
     )
 }
 
+/// A dead-lettering test's names and topics: a topic, its dead-letter topic and a group,
+/// unique per test, named from one prefix.
+pub struct DeadLetterSetup {
+    /// The trigger's topic.
+    pub topic: String,
+    /// Its `dead_letter_topic`.
+    pub dlq: String,
+    /// The consumer group.
+    pub group: String,
+}
+
+impl DeadLetterSetup {
+    /// Creates the topic with `partitions` partitions and the dead-letter topic with
+    /// `dlq_partitions`.
+    pub async fn create(prefix: &str, partitions: i32, dlq_partitions: i32) -> Self {
+        let setup = Self {
+            topic: crate::support::unique(prefix),
+            dlq: crate::support::unique(&format!("{prefix}-dlq")),
+            group: crate::support::unique(&format!("{prefix}-group")),
+        };
+        create_topic(&setup.topic, partitions).await;
+        create_topic(&setup.dlq, dlq_partitions).await;
+        setup
+    }
+
+    /// The idempotency key of the topic's record at `partition`/`offset` (its event's `id`).
+    pub fn id(&self, partition: i32, offset: i64) -> String {
+        format!("kafka:{}:{}:{partition}:{offset}", self.group, self.topic)
+    }
+
+    /// The trigger settings that dead-letter into `dlq`, a line each.
+    pub fn dead_letter(&self) -> String {
+        format!(
+            "on_error = \"dead_letter\"\ndead_letter_topic = \"{}\"\n",
+            self.dlq
+        )
+    }
+
+    /// [`connection_toml`] for the topic and group, dead-lettering, with `extra` trigger
+    /// settings.
+    pub fn toml(&self, dispatcher_url: &str, extra: &str) -> String {
+        connection_toml(
+            &self.group,
+            &self.topic,
+            dispatcher_url,
+            &format!("{}{extra}", self.dead_letter()),
+        )
+    }
+}
+
+/// A config file of `toml` with the daemon's HTTP server on 127.0.0.1:`port` (0: any).
+pub fn daemon_config(port: u16, toml: &str) -> std::path::PathBuf {
+    crate::support::temp_config(&format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}"))
+}
+
+/// `toml` (of [`connection_toml`]) with librdkafka statistics every 500 ms, so lag and
+/// broker metrics move within a test.
+pub fn with_fast_statistics(toml: &str) -> String {
+    toml.replace(
+        "\"auto.offset.reset\" = \"earliest\"\n",
+        "\"auto.offset.reset\" = \"earliest\"\n\"statistics.interval.ms\" = \"500\"\n",
+    )
+}
+
+/// `tessel-kafka run` for `toml` (its HTTP server on any port, its log discarded), killed
+/// (SIGKILL) when dropped: also when a test fails, so no daemon outlives its test.
+pub struct Daemon(std::process::Child);
+
+impl Daemon {
+    /// Starts it.
+    pub fn start(toml: &str) -> Self {
+        Self(spawn_daemon(&daemon_config(0, toml), Stdio::null()))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts the `tessel-kafka` binary with `config` (its `[log]` section decides the level); its
 /// log goes to `stderr`.
 pub fn spawn_daemon(config: &std::path::Path, stderr: Stdio) -> std::process::Child {

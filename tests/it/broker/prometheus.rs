@@ -16,8 +16,11 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 use tessel_kafka::cli::dev_dispatcher::Faults;
 
-use super::{connection_toml, create_topic, dispatcher, reference_produce, spawn_daemon};
-use crate::support::{free_port, repo, stack, temp_config, unique, wait_for_async};
+use super::{
+    connection_toml, create_topic, daemon_config, dispatcher, reference_produce, spawn_daemon,
+    with_fast_statistics, DeadLetterSetup,
+};
+use crate::support::{free_port, repo, stack, unique, wait_for_async};
 
 /// The scrape job's name: the alert rules select `up{job="tessel-kafka"}`, and the
 /// ServiceMonitor names the job after the Service, `tessel-kafka`.
@@ -277,6 +280,16 @@ async fn produce_traffic(topic: &str, from: u32, to: u32) {
     .await;
 }
 
+/// The daemon for `toml` (with statistics every 500 ms) on a free port, scraped by a
+/// Prometheus with `rules`; returns both and the daemon's port.
+async fn scraped_daemon(toml: &str, rules: &std::path::Path) -> (Child, Prometheus, u16) {
+    let admin = free_port();
+    let config = daemon_config(admin, &with_fast_statistics(toml));
+    let daemon = spawn_daemon(&config, Stdio::null());
+    let prometheus = Prometheus::start(&format!("127.0.0.1:{admin}"), rules).await;
+    (daemon, prometheus, admin)
+}
+
 #[tokio::test]
 async fn every_dashboard_query_and_alert_expression_returns_data_from_a_live_run() {
     let rules = repo().join("deploy/prometheus/alerts.yml");
@@ -292,10 +305,8 @@ async fn every_dashboard_query_and_alert_expression_returns_data_from_a_live_run
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let topic = unique("prom");
-    let dlq = unique("prom-dlq");
-    create_topic(&topic, 2).await;
-    create_topic(&dlq, 1).await;
+    let setup = DeadLetterSetup::create("prom", 2, 1).await;
+    let topic = &setup.topic;
     // One dispatch in five is refused (400): dispatch errors and dead letters have series.
     let d = dispatcher(Faults {
         latency_ms: (2, 20),
@@ -304,22 +315,12 @@ async fn every_dashboard_query_and_alert_expression_returns_data_from_a_live_run
         ..Faults::default()
     })
     .await;
-    let admin = free_port();
-    let extra = format!(
-        "on_error = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\nvalue_format = \"schema_registry\"\nkey_format = \"string\"\n"
+    let extra = "value_format = \"schema_registry\"\nkey_format = \"string\"\n";
+    let toml = setup.toml(&d.url(), extra).replace(
+        "retry = { initial_backoff_ms = 50, max_backoff_ms = 500 }",
+        "retry = { initial_backoff_ms = 50, max_backoff_ms = 500, schema_not_found_ms = 300 }",
     );
-    let toml = connection_toml(&unique("prom-group"), &topic, &d.url(), &extra)
-        .replace(
-            "retry = { initial_backoff_ms = 50, max_backoff_ms = 500 }",
-            "retry = { initial_backoff_ms = 50, max_backoff_ms = 500, schema_not_found_ms = 300 }",
-        )
-        .replace(
-            "\"auto.offset.reset\" = \"earliest\"\n",
-            "\"auto.offset.reset\" = \"earliest\"\n\"statistics.interval.ms\" = \"500\"\n",
-        );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:{admin}\"\n{toml}"));
-    let mut daemon = spawn_daemon(&config, Stdio::null());
-    let prometheus = Prometheus::start(&format!("127.0.0.1:{admin}"), &rules).await;
+    let (mut daemon, prometheus, _) = scraped_daemon(&toml, &rules).await;
     let up = format!("up{{job=\"{JOB}\"}} == 1");
     wait_for_async("the connector scraped", Duration::from_secs(60), || async {
         (!prometheus.query(&up).await?.is_empty()).then_some(())
@@ -329,7 +330,7 @@ async fn every_dashboard_query_and_alert_expression_returns_data_from_a_live_run
     // a series first scraped with its final value has no increase, and its rate is 0.
     let attempts = "sum(tessel_kafka_dispatch_attempts_total)";
     for batch in 0..3 {
-        produce_traffic(&topic, batch * 20, batch * 20 + 20).await;
+        produce_traffic(topic, batch * 20, batch * 20 + 20).await;
         wait_for_async(
             "Prometheus to scrape the batch's dispatches",
             Duration::from_secs(60),
@@ -532,19 +533,11 @@ async fn a_dispatcher_down_for_a_minute_fires_alerts_and_leaves_the_probes_up() 
     let topic = unique("prom-outage");
     create_topic(&topic, 1).await;
     let d = dispatcher(Faults::default()).await;
-    let admin = free_port();
-    let toml = connection_toml(&unique("prom-outage-group"), &topic, &d.url(), "")
-        .replace(
-            "drain_timeout_ms = 10000\n",
-            "drain_timeout_ms = 10000\nstall_after_ms = 2000\n",
-        )
-        .replace(
-            "\"auto.offset.reset\" = \"earliest\"\n",
-            "\"auto.offset.reset\" = \"earliest\"\n\"statistics.interval.ms\" = \"500\"\n",
-        );
-    let config = temp_config(&format!("[server]\nlisten = \"127.0.0.1:{admin}\"\n{toml}"));
-    let mut daemon = spawn_daemon(&config, Stdio::null());
-    let prometheus = Prometheus::start(&format!("127.0.0.1:{admin}"), &rules).await;
+    let toml = connection_toml(&unique("prom-outage-group"), &topic, &d.url(), "").replace(
+        "drain_timeout_ms = 10000\n",
+        "drain_timeout_ms = 10000\nstall_after_ms = 2000\n",
+    );
+    let (mut daemon, prometheus, admin) = scraped_daemon(&toml, &rules).await;
     let get = |path: &'static str| async move {
         let resp = reqwest::get(format!("http://127.0.0.1:{admin}{path}"))
             .await

@@ -1,0 +1,734 @@
+//! `dlq replay`: a trigger's dead letters dispatched again, as the daemon dispatches records.
+//!
+//! Every partition of the dead-letter topic is read (or those asked for), one record at a
+//! time through the daemon's bounded consumer settings: a record is decoded, sent (or put in
+//! the batch being filled) and let go, so memory holds at most one batch, whatever the range.
+//! Each record goes as its trigger would send it: in the trigger's envelope, alone with its
+//! original idempotency key, or for a batch trigger in batches of up to `batch.max_records`
+//! and `batch.max_bytes` of dead letters from one original partition, rendered and answered
+//! as the daemon's batches are (see `kafka::batch_worker`). Failures are retried with the
+//! trigger's `retry` settings through the daemon's [`decide`] and [`Backoff`]; a dry run says
+//! which requests would go and sends none. The trigger's `filter` and `max_record_age_ms`
+//! do not apply (replaying a record is asking for its run), and `on_error` neither: a record
+//! that still fails is reported, never dead-lettered again.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hyper::header::HeaderMap;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use super::tools::{connection, TIMEOUT};
+use crate::codec::headers::raw_headers;
+use crate::codec::registry::RegistryClient;
+use crate::codec::{DecodeError, Decoded, Decoder, Field};
+use crate::config::{Config, ConnectionConfig, TriggerConfig};
+use crate::dispatch::cloudevents::{self, CloudEvents};
+use crate::dispatch::event::{self, EventSource};
+use crate::dispatch::retry::Backoff;
+use crate::dispatch::{DispatchOutcome, HttpDispatcher};
+use crate::kafka::batch::{self, BatchLimits};
+use crate::kafka::run::{decide, Next, Observed, RetryPolicy};
+use crate::kafka::security::SecurityContext;
+
+/// How long a partition may yield no record before its end is reached.
+const IDLE: Duration = Duration::from_secs(30);
+
+/// What `dlq replay` is asked to do.
+#[derive(Debug, Clone)]
+pub struct ReplayRequest {
+    /// The trigger whose `dead_letter_topic` is replayed.
+    pub trigger: String,
+    /// Only these partitions of the dead-letter topic (default: every one).
+    pub partitions: Vec<i32>,
+    /// The first offset replayed in each partition (earlier ones are skipped).
+    pub from: i64,
+    /// Stop before this offset in each partition (default: the end of each).
+    pub to: Option<i64>,
+    /// Say what would be sent, and send nothing.
+    pub dry_run: bool,
+}
+
+/// What became of one dead-letter record.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Replayed {
+    /// Partition of the record in the dead-letter topic.
+    pub dead_letter_partition: i32,
+    /// Offset of the record in the dead-letter topic.
+    pub dead_letter_offset: i64,
+    /// The original record's idempotency key (its event's `id`).
+    pub idempotency_key: String,
+    /// The Idempotency-Key of the request that carried it (for a batch trigger, the batch's;
+    /// otherwise the record's own); None when no request was built.
+    pub request_key: Option<String>,
+    /// Requests made for it (0 in a dry run).
+    pub attempts: u32,
+    /// `accepted`; `dry_run` (it would be sent); `retryable` (retries exhausted, per the
+    /// trigger's `retry.max_attempts`); `rejected`, `invalid`, `unauthorized` (the dispatcher's
+    /// answer); `undecodable`; `not_a_dead_letter_record`.
+    pub outcome: String,
+}
+
+/// What a replay did, over every partition.
+#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+pub struct ReplaySummary {
+    /// Whether it was a dry run.
+    pub dry_run: bool,
+    /// The dead-letter partitions read.
+    pub partitions: Vec<i32>,
+    /// Records read.
+    pub records: usize,
+    /// Requests sent (in a dry run: that would be sent).
+    pub requests: usize,
+    /// Records the dispatcher accepted.
+    pub accepted: usize,
+    /// Records neither accepted nor, in a dry run, to be sent.
+    pub failed: usize,
+}
+
+/// Replays the dead letters of `request.trigger` as [`ReplayRequest`] says, calling `emit`
+/// for each record once its fate is known (in dead-letter order within a partition). Stops
+/// with an error when the dispatcher refuses the trigger's credentials, after reporting the
+/// records of that request.
+pub async fn dlq_replay(
+    config: &Config,
+    name: Option<&str>,
+    request: &ReplayRequest,
+    emit: impl FnMut(&Replayed),
+) -> anyhow::Result<ReplaySummary> {
+    let (cname, conn) = connection(config, name)?;
+    let tname = request.trigger.as_str();
+    let trigger = conn
+        .triggers
+        .get(tname)
+        .with_context(|| format!("no trigger {tname} in connection {cname}"))?;
+    let dlq = trigger
+        .dead_letter_topic
+        .as_deref()
+        .with_context(|| format!("trigger {tname} has no dead_letter_topic"))?;
+    let consumer = reading_consumer(cname, conn)?;
+    let metadata = consumer
+        .fetch_metadata(Some(dlq), TIMEOUT)
+        .with_context(|| format!("cannot read the metadata of topic {dlq}"))?;
+    let mut all: Vec<i32> = Vec::new();
+    for t in metadata.topics() {
+        if let Some(e) = t.error() {
+            bail!("topic {dlq}: {e:?}");
+        }
+        all.extend(t.partitions().iter().map(|p| p.id()));
+    }
+    all.sort_unstable();
+    if all.is_empty() {
+        bail!("topic {dlq} has no partitions (does it exist?)");
+    }
+    for p in &request.partitions {
+        if !all.contains(p) {
+            bail!(
+                "topic {dlq} has no partition {p} (it has {} partitions, from 0)",
+                all.len()
+            );
+        }
+    }
+    let partitions: Vec<i32> = if request.partitions.is_empty() {
+        all
+    } else {
+        all.into_iter()
+            .filter(|p| request.partitions.contains(p))
+            .collect()
+    };
+    let registry = match &conn.schema_registry {
+        Some(r) => Some(std::sync::Arc::new(RegistryClient::try_new(r)?)),
+        None => None,
+    };
+    let mut replayer = Replayer {
+        connection: cname,
+        group: conn.group_id(),
+        name: tname,
+        trigger,
+        decoder: Decoder::new(registry),
+        dispatcher: HttpDispatcher::try_new(&trigger.dispatcher).map_err(anyhow::Error::msg)?,
+        cloudevents: CloudEvents::for_dispatcher(
+            &trigger.dispatcher,
+            conn.kafka
+                .get("bootstrap.servers")
+                .map_or("", String::as_str),
+        ),
+        backoff: crate::dispatch::retry::Backoff::from(&trigger.retry),
+        policy: RetryPolicy::from(&trigger.retry),
+        limits: trigger.batch.as_ref().map(BatchLimits::from),
+        dry_run: request.dry_run,
+        batch: Vec::new(),
+        emit,
+        summary: ReplaySummary {
+            dry_run: request.dry_run,
+            partitions: partitions.clone(),
+            ..ReplaySummary::default()
+        },
+    };
+    for p in partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(dlq, p, TIMEOUT)
+            .with_context(|| format!("cannot read the watermarks of {dlq}[{p}]"))?;
+        let start = request.from.max(low);
+        let end = request.to.map_or(high, |t| t.min(high));
+        if start >= end {
+            continue;
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(dlq, p, Offset::Offset(start))?;
+        consumer.assign(&tpl)?;
+        let mut next = start;
+        while next < end {
+            let record = match tokio::time::timeout(IDLE, consumer.recv()).await {
+                Ok(Ok(m)) => m.detach(),
+                Ok(Err(KafkaError::PartitionEOF(_))) => break,
+                Ok(Err(e)) => bail!("reading {dlq}[{p}] at offset {next}: {e}"),
+                Err(_) => bail!(
+                    "no record of {dlq}[{p}] arrived within {} s at offset {next} (end {end})",
+                    IDLE.as_secs()
+                ),
+            };
+            if record.partition() != p {
+                continue;
+            }
+            next = record.offset() + 1;
+            if record.offset() < end {
+                replayer.replay(record).await?;
+            }
+        }
+        replayer.flush().await?;
+    }
+    Ok(replayer.summary)
+}
+
+/// A consumer of the connection's cluster with the daemon's consumer settings (bounded
+/// prefetch, `read_committed`) that never joins the group nor commits, and says where a
+/// partition ends.
+fn reading_consumer(
+    name: &str,
+    conn: &ConnectionConfig,
+) -> anyhow::Result<StreamConsumer<SecurityContext>> {
+    let mut cfg = crate::kafka::consumer_config(name, conn);
+    let _ = cfg
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true");
+    super::tools::client(&cfg, conn)
+}
+
+/// A record's event, rendered for its batch.
+enum Rendered {
+    Tessel(Vec<u8>),
+    CloudEvent(Json),
+}
+
+/// A decoded dead letter waiting in the batch being filled.
+struct Pending {
+    dead_letter: (i32, i64),
+    id: String,
+    original: OwnedMessage,
+    event: Rendered,
+}
+
+struct Replayer<'a, E: FnMut(&Replayed)> {
+    connection: &'a str,
+    group: &'a str,
+    name: &'a str,
+    trigger: &'a TriggerConfig,
+    decoder: Decoder,
+    dispatcher: HttpDispatcher,
+    cloudevents: Option<CloudEvents>,
+    backoff: Backoff,
+    policy: RetryPolicy,
+    /// Some for a batch trigger.
+    limits: Option<BatchLimits>,
+    dry_run: bool,
+    /// The batch being filled: dead letters of one original partition, in dead-letter order.
+    batch: Vec<Pending>,
+    emit: E,
+    summary: ReplaySummary,
+}
+
+impl<E: FnMut(&Replayed)> Replayer<'_, E> {
+    fn source(&self) -> EventSource<'_> {
+        EventSource {
+            connection: self.connection,
+            trigger: self.name,
+            workflow: &self.trigger.workflow,
+        }
+    }
+
+    fn report(
+        &mut self,
+        dead_letter: (i32, i64),
+        id: &str,
+        request_key: Option<&str>,
+        attempts: u32,
+        outcome: &str,
+    ) {
+        self.summary.records += 1;
+        match outcome {
+            "accepted" => self.summary.accepted += 1,
+            "dry_run" => {}
+            _ => self.summary.failed += 1,
+        }
+        (self.emit)(&Replayed {
+            dead_letter_partition: dead_letter.0,
+            dead_letter_offset: dead_letter.1,
+            idempotency_key: id.to_owned(),
+            request_key: request_key.map(str::to_owned),
+            attempts,
+            outcome: outcome.to_owned(),
+        });
+    }
+
+    /// One dead letter: sent, or added to the batch (which goes first when it is full or
+    /// holds another partition's records).
+    async fn replay(&mut self, dead: OwnedMessage) -> anyhow::Result<()> {
+        let at = (dead.partition(), dead.offset());
+        let Some(original) = original_of(&dead) else {
+            self.report(at, "", None, 0, "not_a_dead_letter_record");
+            return Ok(());
+        };
+        let id = header(&dead, "tessel.idempotency.key").unwrap_or_else(|| {
+            event::idempotency_key(
+                self.group,
+                original.topic(),
+                original.partition(),
+                original.offset(),
+            )
+        });
+        drop(dead);
+        let Some((key, value)) = self.decode(&original).await? else {
+            self.report(at, &id, None, 0, "undecodable");
+            return Ok(());
+        };
+        let headers = event::headers_of(&original);
+        let Some(limits) = self.limits else {
+            let (body, envelope) = cloudevents::request(
+                self.cloudevents.as_ref(),
+                self.source(),
+                &id,
+                &original,
+                &headers,
+                &key,
+                &value,
+            );
+            let traceparent = event::traceparent(&headers).map(str::to_owned);
+            return self
+                .send_one(at, &id, body, envelope, traceparent.as_deref())
+                .await;
+        };
+        let event = match &self.cloudevents {
+            Some(ce) => Rendered::CloudEvent(
+                ce.structured(&cloudevents::ce_record(&id, &original, &key, &value)),
+            ),
+            None => Rendered::Tessel(event::render(
+                self.source(),
+                &id,
+                &original,
+                &headers,
+                &key,
+                &value,
+            )),
+        };
+        // A batch holds one original partition's records, within the trigger's bounds.
+        if let Some(first) = self.batch.first() {
+            let same_partition = first.original.topic() == original.topic()
+                && first.original.partition() == original.partition();
+            let sizes = self
+                .batch
+                .iter()
+                .map(|r| size_of(&r.original))
+                .chain([size_of(&original)]);
+            if !same_partition || limits.take(sizes) <= self.batch.len() {
+                self.flush().await?;
+            }
+        }
+        self.batch.push(Pending {
+            dead_letter: at,
+            id,
+            original,
+            event,
+        });
+        if self.batch.len() >= limits.max_records {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// The record's key and value, retried as the daemon retries decoding (a registry outage,
+    /// a schema id not there yet); None when it cannot be decoded.
+    async fn decode(&self, msg: &OwnedMessage) -> anyhow::Result<Option<(Decoded, Decoded)>> {
+        let mut missing_since: Option<Instant> = None;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let e = match self.decode_once(msg).await {
+                Ok(kv) => return Ok(Some(kv)),
+                Err(e) => e,
+            };
+            let schema_not_found = e.class() == "schema_not_found";
+            let missing_for = if schema_not_found {
+                missing_since.get_or_insert_with(Instant::now).elapsed()
+            } else {
+                Duration::ZERO
+            };
+            let observed = Observed::Undecodable {
+                disposition: e.disposition(),
+                schema_not_found,
+                missing_for,
+            };
+            match decide(observed, 0, &self.policy) {
+                Next::Retry { retry_after } => {
+                    let delay = self.delay(attempt, retry_after);
+                    tracing::warn!(
+                        topic = msg.topic(), partition = msg.partition(), offset = msg.offset(),
+                        error = %e, retry_in_ms = delay.as_millis() as u64,
+                        "cannot decode the dead letter yet; retrying"
+                    );
+                    tokio::time::sleep(delay).await;
+                }
+                Next::Stop => bail!(
+                    "cannot decode {}[{}] offset {}: {e}",
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset()
+                ),
+                Next::Done(_) | Next::Fail(_) => return Ok(None),
+            }
+        }
+    }
+
+    async fn decode_once(&self, msg: &OwnedMessage) -> Result<(Decoded, Decoded), DecodeError> {
+        let key = self
+            .decoder
+            .decode(self.trigger.key_format, msg.key(), msg.topic(), Field::Key)
+            .await?;
+        let value = self
+            .decoder
+            .decode(
+                self.trigger.value_format,
+                msg.payload(),
+                msg.topic(),
+                Field::Value,
+            )
+            .await?;
+        Ok((key, value))
+    }
+
+    fn delay(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        self.backoff
+            .delay(attempt, retry_after, rand::random::<f64>())
+    }
+
+    /// A record of a trigger without batches: one request under its own key, retried per
+    /// the trigger's policy.
+    async fn send_one(
+        &mut self,
+        at: (i32, i64),
+        id: &str,
+        body: Vec<u8>,
+        envelope: HeaderMap,
+        traceparent: Option<&str>,
+    ) -> anyhow::Result<()> {
+        self.summary.requests += 1;
+        if self.dry_run {
+            self.report(at, id, Some(id), 0, "dry_run");
+            return Ok(());
+        }
+        let mut transient = 0u32;
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let outcome = self
+                .dispatcher
+                .dispatch_with(body.clone(), id, traceparent, envelope.clone())
+                .await;
+            let (observed, reason) = observe(&outcome, &mut transient);
+            match decide(observed, transient, &self.policy) {
+                Next::Retry { retry_after } => {
+                    self.wait(attempts, retry_after, &reason, id).await;
+                }
+                Next::Done(_) => {
+                    self.report(at, id, Some(id), attempts, "accepted");
+                    return Ok(());
+                }
+                Next::Fail(_) => {
+                    self.report(at, id, Some(id), attempts, outcome.label());
+                    return Ok(());
+                }
+                Next::Stop => {
+                    self.report(at, id, Some(id), attempts, outcome.label());
+                    bail!("{reason}; replay stopped");
+                }
+            }
+        }
+    }
+
+    /// Waits the backoff after a failed attempt.
+    async fn wait(&self, attempt: u32, retry_after: Option<Duration>, reason: &str, key: &str) {
+        let delay = self.delay(attempt, retry_after);
+        tracing::warn!(
+            trigger = %self.name, idempotency_key = %key, attempt, error = %reason,
+            retry_in_ms = delay.as_millis() as u64, "replay attempt failed; retrying"
+        );
+        tokio::time::sleep(delay).await;
+    }
+
+    /// Sends the batch being filled, as the daemon's batch worker does: a 409 to its key
+    /// sends it again under a key of its own; the events a 2xx answer names failed (and the
+    /// later records of their keys) go again; a refused batch is halved until the refused
+    /// record is alone; transient failures are retried per the trigger's policy.
+    async fn flush(&mut self) -> anyhow::Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let records = std::mem::take(&mut self.batch);
+        // Per record: the request that settled it, attempts, outcome.
+        let mut settled: Vec<Option<(String, &'static str)>> = vec![None; records.len()];
+        let mut attempts = vec![0u32; records.len()];
+        let mut stack = vec![(0..records.len()).collect::<Vec<usize>>()];
+        let mut conflict_nonce: Option<u64> = None;
+        let mut transient = 0u32;
+        let mut stopped = None;
+        while let Some(group) = stack.last().cloned() {
+            let (key, body, envelope) = self.batch_request(&records, &group, conflict_nonce);
+            self.summary.requests += 1;
+            if self.dry_run {
+                for &i in &group {
+                    settled[i] = Some((key.clone(), "dry_run"));
+                }
+                let _ = stack.pop();
+                continue;
+            }
+            for &i in &group {
+                attempts[i] += 1;
+            }
+            let (outcome, answer) = self
+                .dispatcher
+                .dispatch_batch(body, &key, None, envelope)
+                .await;
+            let next = match &outcome {
+                DispatchOutcome::Accepted { status: 409 } if conflict_nonce.is_none() => {
+                    conflict_nonce = Some(rand::random());
+                    continue;
+                }
+                DispatchOutcome::Accepted { .. } => {
+                    let keyed: Vec<(&str, Option<&[u8]>)> = group
+                        .iter()
+                        .map(|&i| (records[i].id.as_str(), records[i].original.key()))
+                        .collect();
+                    let (again, unreadable) = batch::to_retry_after(&answer, &keyed);
+                    if let Some(reason) = unreadable {
+                        tracing::warn!(
+                            trigger = %self.name, idempotency_key = %key, error = %reason,
+                            "unreadable partial-failure answer; the batch is sent again"
+                        );
+                    }
+                    let retry: Vec<usize> = again.into_iter().map(|j| group[j]).collect();
+                    for &i in &group {
+                        if !retry.contains(&i) {
+                            settled[i] = Some((key.clone(), "accepted"));
+                        }
+                    }
+                    let _ = stack.pop();
+                    if retry.is_empty() {
+                        transient = 0;
+                        continue;
+                    }
+                    stack.push(retry);
+                    transient += 1;
+                    decide(
+                        Observed::Retryable { retry_after: None },
+                        transient,
+                        &self.policy,
+                    )
+                }
+                DispatchOutcome::Rejected { .. } if group.len() > 1 => {
+                    let _ = stack.pop();
+                    if let Some((first, second)) = batch::bisect(&group) {
+                        stack.push(second);
+                        stack.push(first);
+                    }
+                    transient = 0;
+                    continue;
+                }
+                other => {
+                    let (observed, _) = observe(other, &mut transient);
+                    decide(observed, transient, &self.policy)
+                }
+            };
+            match next {
+                Next::Retry { retry_after } => {
+                    let reason = match &outcome {
+                        DispatchOutcome::Retryable { reason, .. } => reason.clone(),
+                        _ => "some events of the batch failed".to_owned(),
+                    };
+                    self.wait(transient, retry_after, &reason, &key).await;
+                }
+                Next::Done(_) | Next::Fail(_) | Next::Stop => {
+                    let label = match &outcome {
+                        // A partial failure whose retries ran out.
+                        DispatchOutcome::Accepted { .. } => "retryable",
+                        o => o.label(),
+                    };
+                    for &i in &group {
+                        settled[i] = Some((key.clone(), label));
+                    }
+                    let _ = stack.pop();
+                    transient = 0;
+                    if next == Next::Stop {
+                        stopped = Some(observe(&outcome, &mut 0).1);
+                        break;
+                    }
+                }
+            }
+        }
+        // A record not settled was not sent: the replay stopped before.
+        for (i, r) in records.iter().enumerate() {
+            if let Some((key, outcome)) = &settled[i] {
+                self.report(r.dead_letter, &r.id, Some(key), attempts[i], outcome);
+            }
+        }
+        match stopped {
+            Some(reason) => bail!("{reason}; replay stopped"),
+            None => Ok(()),
+        }
+    }
+
+    /// The request for the records `group` of `records`: its Idempotency-Key, body and
+    /// envelope headers, as the daemon's batch worker builds them.
+    fn batch_request(
+        &self,
+        records: &[Pending],
+        group: &[usize],
+        conflict_nonce: Option<u64>,
+    ) -> (String, Vec<u8>, HeaderMap) {
+        let first = &records[group[0]].original;
+        let last = &records[group[group.len() - 1]].original;
+        let mut key = batch::idempotency_key(
+            self.group,
+            first.topic(),
+            first.partition(),
+            first.offset(),
+            last.offset(),
+            group.len(),
+        );
+        if let Some(nonce) = conflict_nonce {
+            key = batch::conflict_key(&key, nonce);
+        }
+        if self.cloudevents.is_some() {
+            let events: Vec<Json> = group
+                .iter()
+                .filter_map(|&i| match &records[i].event {
+                    Rendered::CloudEvent(e) => Some(e.clone()),
+                    Rendered::Tessel(_) => None,
+                })
+                .collect();
+            let (body, envelope) = cloudevents::structured_batch(&events);
+            return (key, body, envelope);
+        }
+        let events: Vec<Vec<u8>> = group
+            .iter()
+            .filter_map(|&i| match &records[i].event {
+                Rendered::Tessel(e) => Some(e.clone()),
+                Rendered::CloudEvent(_) => None,
+            })
+            .collect();
+        let head = event::BatchHead {
+            id: &key,
+            source: self.source(),
+            topic: first.topic(),
+            partition: first.partition(),
+            first_offset: first.offset(),
+            last_offset: last.offset(),
+            count: group.len(),
+        };
+        let body = event::render_batch(&head, &events);
+        (key, body, HeaderMap::new())
+    }
+}
+
+/// What an answer means for [`decide`], and why it failed; counts a transient failure.
+fn observe(outcome: &DispatchOutcome, transient: &mut u32) -> (Observed, String) {
+    match outcome {
+        DispatchOutcome::Accepted { .. } => (Observed::Accepted, String::new()),
+        DispatchOutcome::Retryable {
+            reason,
+            retry_after,
+            ..
+        } => {
+            *transient += 1;
+            (
+                Observed::Retryable {
+                    retry_after: *retry_after,
+                },
+                reason.clone(),
+            )
+        }
+        DispatchOutcome::Rejected { status, reason } => (
+            Observed::Rejected,
+            format!("dispatcher answered HTTP {status}: {reason}"),
+        ),
+        DispatchOutcome::Invalid { reason } => (
+            Observed::Invalid,
+            format!("request cannot be built: {reason}"),
+        ),
+        DispatchOutcome::Unauthorized { status, reason } => (
+            Observed::Unauthorized,
+            format!("the dispatcher refused the trigger's credentials (HTTP {status}): {reason}"),
+        ),
+    }
+}
+
+/// A record's key and value bytes, as batch bounds count them.
+fn size_of(m: &OwnedMessage) -> usize {
+    m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len)
+}
+
+fn header(m: &OwnedMessage, name: &str) -> Option<String> {
+    raw_headers(m)
+        .find(|h| h.name == name.as_bytes())
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// Rebuilds the original record from a dead-letter record: its topic, partition and offset
+/// from the `__connect.errors.*` headers, its own headers without the added ones.
+fn original_of(r: &OwnedMessage) -> Option<OwnedMessage> {
+    let topic = header(r, "__connect.errors.topic")?;
+    let partition = header(r, "__connect.errors.partition")?.parse().ok()?;
+    let offset = header(r, "__connect.errors.offset")?.parse().ok()?;
+    let mut headers = OwnedHeaders::new();
+    for h in raw_headers(r) {
+        // rust-rdkafka only writes UTF-8 names: one that is not is replayed with its invalid
+        // bytes replaced (the record itself is not changed).
+        let name = String::from_utf8_lossy(h.name);
+        if name.starts_with("__connect.errors.") || name.starts_with("tessel.") {
+            continue;
+        }
+        headers = headers.insert(Header {
+            key: &name,
+            value: h.value,
+        });
+    }
+    // A dead letter is stamped with the time it was written; the record's own time is in a
+    // header (dead letters written before that carry it as their timestamp).
+    let timestamp = header(r, crate::kafka::run::ORIGINAL_TIMESTAMP_HEADER)
+        .and_then(|t| t.parse().ok())
+        .map_or_else(|| r.timestamp(), rdkafka::Timestamp::CreateTime);
+    Some(OwnedMessage::new(
+        r.payload().map(<[u8]>::to_vec),
+        r.key().map(<[u8]>::to_vec),
+        topic,
+        timestamp,
+        partition,
+        offset,
+        Some(headers),
+    ))
+}
