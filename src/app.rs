@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::health::{ConnectionHealth, HealthRegistry};
 use crate::config::{Config, ConnectionConfig};
-use crate::kafka::supervisor::{ConnectionSupervisor, SharedClients, SupervisorError};
+use crate::consumer::supervisor::{ConnectionSupervisor, SharedClients, SupervisorError};
 use crate::produce::api::ProduceApi;
 use crate::produce::produce_only::ProduceOnly;
 use crate::produce::Publisher;

@@ -100,9 +100,9 @@ pub fn dispatcher_answer(text: &str) {
 
 /// Commit metadata written by another member (or anyone with WRITE on the group).
 pub fn commit_metadata(offset: i64, metadata: &str) {
-    let set = crate::kafka::offsets::parse_metadata(offset, metadata);
-    assert!(set.len() <= crate::kafka::offsets::MAX_METADATA_OFFSETS);
-    let mut t = crate::kafka::offsets::OffsetTracker::from_committed(Some(offset), metadata);
+    let set = crate::core::offsets::parse_metadata(offset, metadata);
+    assert!(set.len() <= crate::core::offsets::MAX_METADATA_OFFSETS);
+    let mut t = crate::core::offsets::OffsetTracker::from_committed(Some(offset), metadata);
     for o in set.iter().take(64) {
         let _ = t.received(*o);
         t.handled(*o);
@@ -115,7 +115,7 @@ pub fn commit_metadata(offset: i64, metadata: &str) {
 /// value is `value` (JSON text, or the text itself as a string).
 pub fn filter(expression: &str, value: &str) {
     use crate::dispatch::event::EventHeader;
-    use crate::kafka::filter::{Filter, FilterError, FilterInput, MAX_LEN};
+    use crate::run::filter::{Filter, FilterError, FilterInput, MAX_LEN};
     let filter = match Filter::compile(expression) {
         Ok(filter) => filter,
         Err(FilterError::TooLong { len, .. }) => {

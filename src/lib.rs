@@ -1,15 +1,26 @@
 //! tessel-kafka: Tessel's Kafka connector.
 //!
 //! # Layout
-//! - [`config`]: TOML + environment configuration, validated, secrets redacted.
-//! - [`kafka`]: the consumer per connection: poll thread, supervisor, per-key scheduling,
-//!   offset tracking, workers.
-//! - [`codec`]: Confluent wire format, Schema Registry client, Avro/Protobuf/JSON to JSON.
-//! - [`dispatch`]: the run dispatcher client and retry policy.
-//! - [`dispatch::event`]: the event contract sent to the dispatcher.
-//! - [`produce`]: the produce API and command: encode, authorize, write.
-//! - [`cli`], [`cli::commands`]: the command line and what each command does.
-//! - [`app`], [`shutdown`], [`admin`], [`telemetry`]: running the daemon.
+//! Floors, lowest first; a module imports only from floors below its own.
+//! - [`tls`], [`config`]: TLS client settings; TOML + environment configuration, validated,
+//!   secrets redacted. (One exception left: a trigger's `filter` is compiled at load, so
+//!   `config` names [`run::filter`].)
+//! - [`telemetry`], [`codec`]: metrics, traces, logs; Confluent wire format, Schema Registry
+//!   client, Avro/Protobuf/JSON to JSON.
+//! - [`dispatch`]: the run dispatcher client, retry timing, and [`dispatch::event`], the event
+//!   contract sent to the dispatcher.
+//! - [`clients`]: what every Kafka client shares: security, AWS credentials, client
+//!   configuration, permission probes.
+//! - [`core`]: the consumer core, pure: partition state, offsets, the commit rule, batches,
+//!   as one state machine ([`core::Core`]), and its deterministic simulator.
+//! - [`produce`]: the idempotent producer, the produce API: encode, authorize, write.
+//! - [`run`]: one run of 1..n records: record age, decode, filter, dispatch, retry,
+//!   `on_error`, dead letters.
+//! - [`consumer`]: the shell around the core per connection: poll, commit and flow threads,
+//!   the supervisor, the monitor.
+//! - [`admin`], [`app`], [`shutdown`]: running the daemon.
+//! - [`cli`], [`cli::commands`]: the command line and what each command does; [`fuzz`]: the
+//!   fuzz targets' entry points.
 //! - [`ops::tools`]: offsets show / reset; [`ops::replay`]: dead-letter replay.
 //! - [`ops::check`]: `tessel-kafka check`, the connection and permission checks.
 //! - [`cli::dev_dispatcher`]: a local dispatcher for the quick start and tests.
@@ -17,13 +28,16 @@
 pub mod admin;
 pub mod app;
 pub mod cli;
+pub mod clients;
 pub mod codec;
 pub mod config;
+pub mod consumer;
+pub mod core;
 pub mod dispatch;
 pub mod fuzz;
-pub mod kafka;
 pub mod ops;
 pub mod produce;
+pub mod run;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value as Json};
 
 use crate::cli::ProduceArgs;
 use crate::config::Config;
-use crate::kafka::supervisor::SharedClients;
+use crate::consumer::supervisor::SharedClients;
 use crate::produce::{parse_value, Publisher};
 
 /// Writes the records `args` describe; returns a summary line.

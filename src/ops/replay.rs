@@ -24,17 +24,17 @@ use serde::Serialize;
 use serde_json::Value as Json;
 
 use super::tools::{connection, TIMEOUT};
+use crate::clients::security::SecurityContext;
 use crate::codec::headers::raw_headers;
 use crate::codec::registry::RegistryClient;
 use crate::codec::{DecodeError, Decoded, Decoder, Field};
 use crate::config::{Config, ConnectionConfig, TriggerConfig};
+use crate::core::batch::{self, BatchLimits};
 use crate::dispatch::cloudevents::{self, CloudEvents};
 use crate::dispatch::event::{self, EventSource};
 use crate::dispatch::retry::Backoff;
 use crate::dispatch::{DispatchOutcome, HttpDispatcher};
-use crate::kafka::batch::{self, BatchLimits};
-use crate::kafka::run::{decide, Next, Observed, RetryPolicy};
-use crate::kafka::security::SecurityContext;
+use crate::run::{decide, Next, Observed, RetryPolicy};
 
 /// How long a partition may yield no record before its end is reached.
 const IDLE: Duration = Duration::from_secs(30);
@@ -213,7 +213,7 @@ fn reading_consumer(
     name: &str,
     conn: &ConnectionConfig,
 ) -> anyhow::Result<StreamConsumer<SecurityContext>> {
-    let mut cfg = crate::kafka::consumer_config(name, conn);
+    let mut cfg = crate::consumer::consumer_config(name, conn);
     let _ = cfg
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true");
@@ -719,7 +719,7 @@ fn original_of(r: &OwnedMessage) -> Option<OwnedMessage> {
     }
     // A dead letter is stamped with the time it was written; the record's own time is in a
     // header (dead letters written before that carry it as their timestamp).
-    let timestamp = header(r, crate::kafka::run::ORIGINAL_TIMESTAMP_HEADER)
+    let timestamp = header(r, crate::run::ORIGINAL_TIMESTAMP_HEADER)
         .and_then(|t| t.parse().ok())
         .map_or_else(|| r.timestamp(), rdkafka::Timestamp::CreateTime);
     Some(OwnedMessage::new(

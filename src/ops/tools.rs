@@ -11,8 +11,9 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
+use crate::clients::probe::matching_topics;
+use crate::clients::security::SecurityContext;
 use crate::config::{Config, ConnectionConfig};
-use crate::kafka::security::SecurityContext;
 
 pub(super) const TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -102,27 +103,6 @@ fn partitions_of(
     }
     out.sort();
     Ok(out)
-}
-
-/// The cluster's topics that one of `patterns` (regular expressions, `^…`) matches.
-pub(crate) fn matching_topics(
-    consumer: &BaseConsumer<SecurityContext>,
-    patterns: &[&str],
-) -> anyhow::Result<Vec<String>> {
-    let regexes = patterns
-        .iter()
-        .map(|p| regex::Regex::new(p).with_context(|| format!("topic pattern {p}")))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let md = consumer
-        .fetch_metadata(None, TIMEOUT)
-        .context("cannot list the cluster's topics")?;
-    Ok(md
-        .topics()
-        .iter()
-        .map(|t| t.name())
-        .filter(|n| !n.starts_with("__") && regexes.iter().any(|r| r.is_match(n)))
-        .map(str::to_owned)
-        .collect())
 }
 
 /// The consuming connection named, or the only one; connections without triggers have no

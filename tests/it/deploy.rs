@@ -655,7 +655,7 @@ fn joins_with_its_own_group_instance_id(docs: &[Value]) {
             Some(&want),
             "{cname}: static membership from the pod name"
         );
-        let client = tessel_kafka::kafka::consumer_config(cname, c);
+        let client = tessel_kafka::consumer::consumer_config(cname, c);
         assert_eq!(client.get("group.instance.id"), Some(want.as_str()));
     }
 }

@@ -428,7 +428,7 @@ async fn sigkill_during_batches_loses_nothing_and_commits_only_accepted_records(
                     "{when}: {p}/{o} committed, never accepted"
                 );
             }
-            for o in tessel_kafka::kafka::offsets::parse_metadata(*offset, metadata) {
+            for o in tessel_kafka::core::offsets::parse_metadata(*offset, metadata) {
                 assert!(
                     accepted.contains(&(p, o)),
                     "{when}: {p}/{o} in the metadata, never accepted"

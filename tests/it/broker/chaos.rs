@@ -383,7 +383,7 @@ async fn chaos(variant: Variant) {
             Replica {
                 index,
                 config: temp_config(&format!(
-                    "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n[log]\nlevel = \"info,tessel_kafka::kafka::context=debug\"\n{toml}"
+                    "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n[log]\nlevel = \"info,tessel_kafka::consumer::context=debug\"\n{toml}"
                 )),
                 admin_port,
                 log: log_dir.join(format!("replica-{index}.log")),

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use tessel_kafka::cli::dev_dispatcher::Faults;
-use tessel_kafka::kafka::offsets::MAX_TRACKED_ABOVE;
+use tessel_kafka::core::offsets::MAX_TRACKED_ABOVE;
 
 use super::{
     assert_all_once, committed_with_metadata, create_topic, dispatcher, produce_keyed,

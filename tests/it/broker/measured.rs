@@ -469,7 +469,7 @@ pub(super) fn accepted_not_covered(
     d: &tessel_kafka::cli::dev_dispatcher::DevDispatcher,
     commits: &[(i64, String)],
 ) -> std::collections::HashMap<String, Instant> {
-    use tessel_kafka::kafka::offsets::parse_metadata;
+    use tessel_kafka::core::offsets::parse_metadata;
     // What a commit covers: every offset below it, and those its metadata lists as handled.
     let handled: Vec<std::collections::BTreeSet<i64>> = commits
         .iter()

@@ -10,7 +10,7 @@ use super::decide::{decide, Attempts, Failure, Next, Observed, Step};
 use super::{TriggerRuntime, WorkOutcome};
 use crate::codec::{DecodeError, Field};
 use crate::config::{ErrorPolicy, ExpiredPolicy};
-use crate::kafka::record_age;
+use crate::core::record_age;
 use crate::produce::producer::ExtraHeader;
 use crate::telemetry::metrics;
 

@@ -1,6 +1,6 @@
 //! The commit rule, in one place (pure: no consumer, no clock of its own).
 //!
-//! 1. A partition's commit offset comes from its [`OffsetTracker`](super::offsets): the first
+//! 1. A partition's commit offset comes from its [`OffsetTracker`](crate::core::offsets): the first
 //!    offset not yet handled (accepted, skipped or dead-lettered), with the offsets handled
 //!    above it in the metadata. Nothing else produces commit offsets.
 //! 2. A new commit is *wanted* as soon as the tracker's changes. Wanted commits go out in one

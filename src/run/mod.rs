@@ -28,13 +28,15 @@
 //! While waiting to retry, a run gives its concurrency permit back, so a failing key only
 //! parks itself: other keys keep the trigger's full concurrency.
 //!
-//! The decisions are pure: [`decide()`] here and [`crate::kafka::batch`].
+//! The decisions are pure: [`decide()`] here and [`crate::core::batch`].
 
 pub(super) mod attempt;
 pub(super) mod body;
 mod decide;
 mod error_policy;
-pub(super) mod spawn;
+pub mod filter;
+mod span;
+pub(crate) mod spawn;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

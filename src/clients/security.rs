@@ -15,7 +15,7 @@
 //!
 //! # Credentials
 //! Static keys from `[connections.<name>.aws]`, else aws-config's default chain, resolved and
-//! kept fresh by a background task (see [`super::aws_credentials`]): each token is signed with
+//! kept fresh by a background task (see [`crate::clients::aws_credentials`]): each token is signed with
 //! the credentials current when librdkafka asks for it, and its lifetime ends no later than
 //! theirs, so librdkafka asks again before they expire.
 
@@ -33,7 +33,7 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use thiserror::Error;
 
-use super::aws_credentials::{CredentialSlot, FIRST_CREDENTIALS_WAIT};
+use crate::clients::aws_credentials::{CredentialSlot, FIRST_CREDENTIALS_WAIT};
 use crate::config::security::{region_from_bootstrap, AwsIamConfig};
 use crate::config::ConnectionConfig;
 
@@ -358,7 +358,7 @@ fn one_line(s: &str) -> String {
 /// The client context of every librdkafka client of a connection: forwards librdkafka's log to
 /// tracing, serves MSK IAM tokens, and remembers the last authentication, TLS or connection
 /// failure. Producers and probes use it as it is; the consumer's
-/// [`ConnectorContext`](super::context::ConnectorContext) is built on it.
+/// [`ConnectorContext`](crate::consumer::context::ConnectorContext) is built on it.
 pub struct SecurityContext {
     connection: String,
     signer: Option<Arc<MskIamSigner>>,
@@ -467,7 +467,7 @@ impl ClientContext for SecurityContext {
         if let Some(f) = failure_in_log(log_message) {
             self.record(f);
         }
-        super::context::log_to_tracing(c, level, fac, log_message);
+        log_to_tracing(c, level, fac, log_message);
     }
 
     fn stats(&self, stats: rdkafka::Statistics) {
@@ -498,6 +498,28 @@ impl ClientContext for SecurityContext {
 }
 
 impl rdkafka::consumer::ConsumerContext for SecurityContext {}
+
+/// Routes one librdkafka log line into tracing, under the target `librdkafka`, at the
+/// matching level, with the connection.
+pub(crate) fn log_to_tracing(c: &str, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+    match level {
+        RDKafkaLogLevel::Emerg
+        | RDKafkaLogLevel::Alert
+        | RDKafkaLogLevel::Critical
+        | RDKafkaLogLevel::Error => {
+            tracing::error!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+        }
+        RDKafkaLogLevel::Warning => {
+            tracing::warn!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+        }
+        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+            tracing::info!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+        }
+        RDKafkaLogLevel::Debug => {
+            tracing::debug!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

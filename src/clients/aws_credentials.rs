@@ -243,7 +243,7 @@ async fn keep_fresh<P: ProvideCredentials>(provider: P, slot: Weak<CredentialSlo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kafka::security::{MskIamSigner, SecurityContext};
+    use crate::clients::security::{MskIamSigner, SecurityContext};
     use base64::Engine as _;
     use rdkafka::client::ClientContext as _;
     use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,4 +1,4 @@
-//! The consumer calls of the commit rule ([`super::committer`] decides, this sends): the
+//! The consumer calls of the commit rule ([`crate::core::committer`] decides, this sends): the
 //! connection's commit thread, which commits batches synchronously one request at a time off
 //! the runtime and reports the broker's verdict, and the final synchronous commit of a revoke
 //! or shutdown, which goes out only once the thread's request was answered (rule 6 of the
@@ -13,19 +13,18 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use super::committer::CommitResult;
-use super::context::ConnectorContext;
+use crate::consumer::context::ConnectorContext;
+use crate::core::committer::CommitResult;
 use crate::dispatch::event::TopicPartition;
 use crate::telemetry::metrics;
 
 type Consumer_ = BaseConsumer<ConnectorContext>;
 
-/// What the commit thread is asked to commit: partitions with offsets and metadata.
-pub type CommitBatch = Vec<(TopicPartition, i64, String)>;
+pub use crate::core::CommitBatch;
 
 /// Starts the connection's commit thread: it commits each batch synchronously (one request
 /// at a time, off the runtime) and answers with the broker's verdict per partition, which an
-/// asynchronous manual commit never reports (see [`super::committer`]). It ends when the
+/// asynchronous manual commit never reports (see [`crate::core::committer`]). It ends when the
 /// request sender is dropped.
 pub fn spawn(
     connection: &str,

@@ -1,38 +1,25 @@
-//! The Kafka side of a connection.
+//! The consumer of a connection: the shell around the [consumer core](crate::core).
 //!
 //! # Delivery guarantee
-//! At least once, with no duplicates after an orderly hand-over: an offset is stored only
+//! At least once, with no duplicates after an orderly hand-over: an offset is committed only
 //! after the run for that message and every earlier message of the partition was accepted
-//! (or deliberately skipped), librdkafka commits stored offsets in the background, and every
-//! revoke and shutdown commits synchronously after draining. After a crash, messages whose
-//! acceptance was not yet committed are dispatched again with the same idempotency key.
-//! Reads use `read_committed`, so records of aborted transactions never reach a worker.
+//! (or deliberately skipped), by one ordered commit path (the commit rule,
+//! docs/architecture.md), and every revoke and shutdown commits synchronously after draining.
+//! After a crash, messages whose acceptance was not yet committed are dispatched again with
+//! the same idempotency key. Reads use `read_committed`, so records of aborted transactions
+//! never reach a run.
 //!
 //! # Threads
 //! One OS thread per connection polls librdkafka ([`poll_loop`]); callbacks only hand events
-//! to the async [`supervisor`], which schedules messages per key ([`scheduler`]), tracks
-//! offsets ([`offsets`]) and spawns a task per run ([`run`]): one record of a single trigger,
-//! or a batch of a partition's records for a batch trigger ([`batch`] decides its bounds).
+//! to the async [`supervisor`], which feeds the core and carries out its commands: runs
+//! ([`crate::run`]), commits (its commit thread), pauses and resumes (its flow thread).
 //! A connection without triggers runs none of this, only [`crate::produce::produce_only`]'s health probe.
 
-pub mod aws_credentials;
-pub mod batch;
 pub mod commit_thread;
-pub mod committer;
 pub mod context;
-pub mod core;
-pub mod filter;
 pub mod monitor;
-pub mod offsets;
-pub mod partitions;
 mod poll_loop;
-pub mod record_age;
-pub mod run;
-pub mod scheduler;
-pub mod security;
 mod setup;
-#[cfg(test)]
-mod simulation;
 pub mod supervisor;
 mod threads;
 
@@ -71,16 +58,7 @@ pub enum ConsumerEvent {
     Error(KafkaError),
 }
 
-/// A newly assigned partition and where the group left it.
-#[derive(Debug, Clone)]
-pub struct AssignedPartition {
-    /// The partition.
-    pub tp: TopicPartition,
-    /// The committed offset, if any.
-    pub committed: Option<i64>,
-    /// The commit metadata (see [`offsets`]).
-    pub metadata: String,
-}
+pub use crate::core::AssignedPartition;
 
 /// Properties the connector sets when the user did not, with the reason.
 const DEFAULTS: &[(&str, &str)] = &[
@@ -116,7 +94,7 @@ pub fn consumer_config(name: &str, conn: &ConnectionConfig) -> ClientConfig {
     }
     // The classic protocol keeps librdkafka's default assignment, `range,roundrobin` (eager):
     // a member drains and commits before it rejoins, so no commit waits behind a rejoin (see
-    // the commit rule in super::committer).
+    // the commit rule in crate::core::committer).
     // Owned by the connector (validated in the config): see crate::config. Auto-commit is off:
     // every commit goes through the commit thread, in order (the commit rule's one path).
     let _ = cfg

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 
-use super::commit_thread::{self, CommitBatch};
-use super::committer::CommitResult;
-use super::poll_loop::{self, FlowOp};
-use super::setup::{Consumer_, SupervisorError};
+use crate::consumer::commit_thread::{self, CommitBatch};
+use crate::consumer::poll_loop::{self, FlowOp};
+use crate::consumer::setup::{Consumer_, SupervisorError};
+use crate::core::committer::CommitResult;
 use crate::dispatch::event::TopicPartition;
 
 /// The poll thread of a connection, while it runs.
@@ -25,7 +25,7 @@ impl PollThread {
     pub(super) fn spawn(
         name: &str,
         consumer: &Arc<Consumer_>,
-        events: mpsc::Sender<super::ConsumerEvent>,
+        events: mpsc::Sender<crate::consumer::ConsumerEvent>,
     ) -> Result<Self, SupervisorError> {
         let stop = Arc::new(AtomicBool::new(false));
         let handle =

@@ -16,15 +16,15 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::Offset;
 use tokio::sync::mpsc;
 
-use super::context::ConnectorContext;
-use super::ConsumerEvent;
+use crate::consumer::context::ConnectorContext;
+use crate::consumer::ConsumerEvent;
 use crate::dispatch::event::TopicPartition;
 
 const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 const POSITION_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Most messages handed over at once. With the supervisor's event channel of
-/// [`EVENT_CHANNEL`](super::EVENT_CHANNEL) events, at most 1,024 messages sit between librdkafka
+/// [`EVENT_CHANNEL`](crate::consumer::EVENT_CHANNEL) events, at most 1,024 messages sit between librdkafka
 /// and the partition queues, where the byte budget counts them.
 pub(crate) const BATCH: usize = 128;
 

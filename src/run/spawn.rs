@@ -11,13 +11,13 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use super::{attempt, body, TriggerRuntime, WorkOutcome};
-use crate::kafka::partitions::{PartitionId, Start};
+use crate::core::partitions::{PartitionId, Start};
 use crate::telemetry::metrics;
 
 type Trigger = Arc<TriggerRuntime>;
 
 /// What a run tells the supervisor.
-pub(in crate::kafka) enum WorkerEvent {
+pub(crate) enum WorkerEvent {
     /// A started run ended.
     Finished(RunFinished),
     /// A run of the trigger with this index gave its permit back while it waits to retry:
@@ -26,29 +26,29 @@ pub(in crate::kafka) enum WorkerEvent {
 }
 
 /// A run's end: each record's offset and outcome, in offset order.
-pub(in crate::kafka) struct RunFinished {
-    pub(in crate::kafka) id: PartitionId,
+pub(crate) struct RunFinished {
+    pub(crate) id: PartitionId,
     /// The partition's assignment the run belongs to (a finished run of an earlier one is
     /// ignored).
-    pub(in crate::kafka) generation: u64,
+    pub(crate) generation: u64,
     /// The trigger's index (its runs-in-flight gauge).
-    pub(in crate::kafka) trigger: usize,
+    pub(crate) trigger: usize,
     /// The key the run held (single-record runs; a batch holds none).
-    pub(in crate::kafka) key: Option<Vec<u8>>,
+    pub(crate) key: Option<Vec<u8>>,
     /// Whether the run was a batch (its records were taken in offset order, keyless).
-    pub(in crate::kafka) batch: bool,
-    pub(in crate::kafka) records: Vec<(i64, WorkOutcome)>,
+    pub(crate) batch: bool,
+    pub(crate) records: Vec<(i64, WorkOutcome)>,
     /// The run's `consume` span (disabled unless traces are exported).
-    pub(in crate::kafka) span: tracing::Span,
+    pub(crate) span: tracing::Span,
 }
 
 /// Spawns runs and collects their ends.
-pub(in crate::kafka) struct Runs {
+pub(crate) struct Runs {
     connection: String,
     group: String,
     tx: mpsc::UnboundedSender<WorkerEvent>,
     /// Every run's task: shutdown waits on it.
-    pub(in crate::kafka) tasks: TaskTracker,
+    pub(crate) tasks: TaskTracker,
     /// Each trigger's runs-in-flight gauge, by index; registered when the connection runs
     /// (the recorder is installed by then).
     in_flight: Vec<metrics::Gauge>,
@@ -56,7 +56,7 @@ pub(in crate::kafka) struct Runs {
 
 impl Runs {
     /// Runs of `connection` (consumer group `group`); their ends arrive on the receiver.
-    pub(in crate::kafka) fn new(
+    pub(crate) fn new(
         connection: &str,
         group: &str,
     ) -> (Self, mpsc::UnboundedReceiver<WorkerEvent>) {
@@ -72,7 +72,7 @@ impl Runs {
     }
 
     /// Registers each trigger's runs-in-flight gauge.
-    pub(in crate::kafka) fn register(&mut self, triggers: &[Trigger]) {
+    pub(crate) fn register(&mut self, triggers: &[Trigger]) {
         self.in_flight = triggers
             .iter()
             .map(|t| metrics::in_flight_gauge(&self.connection, &t.name))
@@ -80,7 +80,7 @@ impl Runs {
     }
 
     /// Moves the runs-in-flight gauge of the trigger with this index by `delta`.
-    pub(in crate::kafka) fn in_flight_add(&self, trigger: usize, delta: f64) {
+    pub(crate) fn in_flight_add(&self, trigger: usize, delta: f64) {
         if let Some(g) = self.in_flight.get(trigger) {
             g.increment(delta);
         }
@@ -88,7 +88,7 @@ impl Runs {
 
     /// A run ended: its records' offsets and whether each is handled, for the core; its
     /// records leave the runs-in-flight gauge.
-    pub(in crate::kafka) fn finished(&self, f: &RunFinished) -> Vec<(i64, bool)> {
+    pub(crate) fn finished(&self, f: &RunFinished) -> Vec<(i64, bool)> {
         self.in_flight_add(f.trigger, -(f.records.len() as f64));
         f.records
             .iter()
@@ -97,7 +97,7 @@ impl Runs {
     }
 
     /// Counts a run's handled records by outcome, and closes its trace with each commit.
-    pub(in crate::kafka) fn report(&self, trigger: &TriggerRuntime, f: &RunFinished) {
+    pub(crate) fn report(&self, trigger: &TriggerRuntime, f: &RunFinished) {
         let metrics = trigger.metrics();
         for (offset, outcome) in &f.records {
             if !outcome.is_handled() {
@@ -118,7 +118,7 @@ impl Runs {
     }
 
     /// Starts one run on the runtime.
-    pub(in crate::kafka) fn spawn(&self, start: Start<Trigger>) {
+    pub(crate) fn spawn(&self, start: Start<Trigger>) {
         let Start {
             id,
             generation,
@@ -136,13 +136,8 @@ impl Runs {
         msgs.extend(batch);
         let batch = body::is_batch(&trigger, msgs.len());
         let offsets: Vec<i64> = msgs.iter().map(Message::offset).collect();
-        let span = crate::telemetry::trace::consume_span(
-            &self.connection,
-            &self.group,
-            &trigger.name,
-            &msgs,
-            batch,
-        );
+        let span =
+            super::span::consume_span(&self.connection, &self.group, &trigger.name, &msgs, batch);
         let done = self.tx.clone();
         let tx = self.tx.clone();
         let yielded = move || {

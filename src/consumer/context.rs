@@ -19,8 +19,10 @@ use rdkafka::error::KafkaError;
 use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 
-use super::security::{classify_connect_error, ConnectFailure, MskIamSigner, SecurityContext};
 use super::{AssignedPartition, ConsumerEvent};
+use crate::clients::security::{
+    classify_connect_error, ConnectFailure, MskIamSigner, SecurityContext,
+};
 use crate::dispatch::event::TopicPartition;
 
 /// How long an assignment waits for the group's committed offsets (and their metadata): the
@@ -326,28 +328,6 @@ impl ConsumerContext for ConnectorContext {
                 tracing::warn!(connection = %self.client.connection(), error = %e, "rebalance failed");
             }
             _ => {}
-        }
-    }
-}
-
-/// Routes one librdkafka log line into tracing, under the target `librdkafka`, at the
-/// matching level, with the connection.
-pub(crate) fn log_to_tracing(c: &str, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
-    match level {
-        RDKafkaLogLevel::Emerg
-        | RDKafkaLogLevel::Alert
-        | RDKafkaLogLevel::Critical
-        | RDKafkaLogLevel::Error => {
-            tracing::error!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
-        }
-        RDKafkaLogLevel::Warning => {
-            tracing::warn!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
-        }
-        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-            tracing::info!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
-        }
-        RDKafkaLogLevel::Debug => {
-            tracing::debug!(target: "librdkafka", connection = c, facility = fac, "{log_message}")
         }
     }
 }

@@ -22,9 +22,9 @@ use super::decide::{decide, Attempts, Failure, Observed, Step};
 use super::error_policy::{apply_error_policy, expired, on_decode_error, on_panic};
 use super::{TriggerRuntime, WorkOutcome};
 use crate::codec::{DecodeError, Decoded, Field};
+use crate::core::batch;
 use crate::dispatch::event::{self, EventHeader};
 use crate::dispatch::DispatchOutcome;
-use crate::kafka::batch;
 use crate::telemetry::trace;
 
 /// A record of the run.
@@ -567,7 +567,7 @@ async fn screen_record(
             return Err(on_decode_error(trigger, &r.msg, field, &e, &mut r.attempts))
         }
     };
-    if let Some(outcome) = crate::kafka::filter::screen(trigger, &r.msg, &r.headers, &key, &value) {
+    if let Some(outcome) = crate::run::filter::screen(trigger, &r.msg, &r.headers, &key, &value) {
         return Err(Step::Done(outcome));
     }
     r.schema_id = value.schema.id;

@@ -10,10 +10,10 @@ use serde_json::Value as Json;
 use super::attempt::Record;
 use super::TriggerRuntime;
 use crate::codec::Decoded;
+use crate::core::batch;
 use crate::dispatch::cloudevents;
 use crate::dispatch::event::{self, EventHeader, EventSource};
 use crate::dispatch::DispatchOutcome;
-use crate::kafka::batch;
 
 /// Whether a run of `trigger` with `records` records goes as a batch (a batch trigger's run,
 /// even of one record).

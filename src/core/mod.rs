@@ -8,18 +8,42 @@
 //! The core does no I/O and keeps no clock: the supervisor (the shell) feeds it from the
 //! consumer, the runs and the commit thread, and carries out its commands; the simulator
 //! (`simulation.rs`) drives the same core against a simulated group coordinator. The parts
-//! it joins are pure too: the [partition set](super::partitions) (what may start, when to
-//! pause) and the [committer](super::committer) (the commit rule, docs/architecture.md).
+//! it joins are pure too: the [partition set](partitions) (what may start, when to
+//! pause) and the [`committer`] (the commit rule, docs/architecture.md).
+
+pub mod batch;
+pub mod committer;
+pub mod offsets;
+pub mod partitions;
+pub mod record_age;
+pub mod scheduler;
+#[cfg(test)]
+mod simulation;
+mod starts;
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::commit_thread::CommitBatch;
-use super::committer::{CommitResult, Committer};
-use super::partitions::{Actions, Arrival, Limits, PartitionId, PartitionSet, Start, TriggerSlot};
-use super::AssignedPartition;
+use crate::core::committer::{CommitResult, Committer};
+use crate::core::partitions::{
+    Actions, Arrival, Limits, PartitionId, PartitionSet, Start, TriggerSlot,
+};
 use crate::dispatch::event::TopicPartition;
+
+/// A newly assigned partition and where the group left it.
+#[derive(Debug, Clone)]
+pub struct AssignedPartition {
+    /// The partition.
+    pub tp: TopicPartition,
+    /// The committed offset, if any.
+    pub committed: Option<i64>,
+    /// The commit metadata (see [`offsets`]).
+    pub metadata: String,
+}
+
+/// A commit request: partitions with offsets and metadata.
+pub type CommitBatch = Vec<(TopicPartition, i64, String)>;
 
 /// What the shell is to do, in order.
 pub enum Command<T> {

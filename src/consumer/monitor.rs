@@ -14,18 +14,18 @@ use rdkafka::consumer::Consumer as _;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use super::batch::BatchLimits;
-use super::context::ConnectorContext;
+use crate::consumer::context::ConnectorContext;
+use crate::core::batch::BatchLimits;
 use std::collections::HashMap;
 
 use rdkafka::message::Message as _;
 
-use super::partitions::{Arrival, PartitionId, PartitionSet};
-use super::run::TriggerRuntime;
 use crate::admin::health::{ConnectionHealth, HealthRegistry};
 use crate::codec::registry::RegistryClient;
 use crate::config::ConnectionConfig;
+use crate::core::partitions::{Arrival, PartitionId, PartitionSet};
 use crate::dispatch::event::TopicPartition;
+use crate::run::TriggerRuntime;
 use crate::telemetry::metrics;
 
 type Consumer_ = rdkafka::consumer::BaseConsumer<ConnectorContext>;
@@ -82,7 +82,7 @@ pub fn stall_reason(f: &StallFacts, after: Duration) -> Option<String> {
             None => format!("key parked: a message is being retried ({failure})"),
         }
     } else if f.gap_full {
-        let bound = super::offsets::MAX_TRACKED_ABOVE;
+        let bound = crate::core::offsets::MAX_TRACKED_ABOVE;
         match f.commit_offset {
             Some(o) => format!(
                 "paused at the gap bound: {bound} records handled above offset {o} wait for it"
@@ -132,7 +132,7 @@ pub struct Monitor {
     paused_end_probe_running: Arc<AtomicBool>,
     /// The last query found paused partitions (so the next one clears them).
     paused_ends_reported: bool,
-    /// Permissions found missing by the last diagnosis (see [`crate::ops::check`]).
+    /// Permissions found missing by the last diagnosis (see [`crate::clients::probe`]).
     missing_permissions: Arc<Mutex<Vec<String>>>,
     permissions: PermissionCheck,
 }
@@ -281,7 +281,7 @@ impl Monitor {
         let config = config.clone();
         let slot = Arc::clone(&self.missing_permissions);
         drop(tasks.spawn_blocking(move || {
-            let missing = crate::ops::check::missing_consumer_permissions(&name, &config);
+            let missing = crate::clients::probe::missing_consumer_permissions(&name, &config);
             let mut current = slot.lock().unwrap_or_else(|p| p.into_inner());
             if *current != missing {
                 if missing.is_empty() {
@@ -345,7 +345,7 @@ impl Monitor {
 
 /// Each partition's records received and not yet handled: the lag in seconds.
 #[derive(Default)]
-pub(super) struct LagSeconds(HashMap<PartitionId, super::record_age::Unhandled>);
+pub(super) struct LagSeconds(HashMap<PartitionId, crate::core::record_age::Unhandled>);
 
 impl LagSeconds {
     /// A record at `offset` stamped `timestamp_ms` was queued in partition `id`.
@@ -366,7 +366,7 @@ impl LagSeconds {
     /// Reports each assigned partition's lag in seconds: the age of its oldest record
     /// received and not yet handled.
     pub(super) fn report<T: Clone>(&mut self, connection: &str, partitions: &PartitionSet<T>) {
-        let now = super::record_age::now_ms();
+        let now = crate::core::record_age::now_ms();
         for p in partitions.iter() {
             let Some(id) = partitions.id_of(&p.tp.topic, p.tp.partition) else {
                 continue;
@@ -402,7 +402,7 @@ impl LagSeconds {
 /// each queued record's timestamp noted for the lag in seconds, the others logged.
 pub(super) fn intake(
     connection: &str,
-    core: &mut super::core::Core<Arc<TriggerRuntime>>,
+    core: &mut crate::core::Core<Arc<TriggerRuntime>>,
     lag: &mut LagSeconds,
     batch: Vec<rdkafka::message::OwnedMessage>,
 ) {
@@ -460,14 +460,14 @@ fn log_arrival(
 }
 
 /// Logs a change of the hold on new runs (rule 4 of the commit rule).
-pub(super) fn log_hold(connection: &str, change: &super::core::HoldChange) {
+pub(super) fn log_hold(connection: &str, change: &crate::core::HoldChange) {
     let expired = change.expired;
     match (change.holding, change.reason.as_deref()) {
         (true, Some(reason)) => tracing::warn!(connection, error = %reason,
             "the broker refuses offset commits (a rebalance in progress?): new runs wait, refused commits are sent again"),
         // librdkafka holds a commit back while the group rebalances (classic protocol: until
         // every member rejoined or a dead one's session expired).
-        (true, None) => tracing::warn!(connection, waited_ms = super::committer::UNANSWERED_HOLD.as_millis() as u64,
+        (true, None) => tracing::warn!(connection, waited_ms = crate::core::committer::UNANSWERED_HOLD.as_millis() as u64,
             "an offset commit is unanswered (a rebalance in progress?): new runs wait until it is answered"),
         (false, _) if expired => tracing::warn!(connection,
             "offset commits refused for too long: dispatching again; a crash now may offer accepted runs again"),
@@ -547,7 +547,7 @@ mod tests {
             stalled(at_gap).unwrap(),
             format!(
                 "paused at the gap bound: {} records handled above offset 41 wait for it",
-                super::super::offsets::MAX_TRACKED_ABOVE
+                crate::core::offsets::MAX_TRACKED_ABOVE
             )
         );
         let parked = StallFacts {

@@ -1,6 +1,6 @@
-//! The supervisor of one connection: the shell around the [consumer core](super::core). It
+//! The supervisor of one connection: the shell around the [consumer core](crate::core). It
 //! feeds the core the consumer's events, the runs' ends and the commit thread's answers, and
-//! carries out the core's commands: runs started ([`super::run`]), pauses and resumes (the
+//! carries out the core's commands: runs started ([`crate::run`]), pauses and resumes (the
 //! flow thread), commit requests (the commit thread), a revoke's final commit and its
 //! acknowledgement. Every decision is the core's; this file only moves data.
 
@@ -12,20 +12,20 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::commit_thread;
-use super::committer::CommitResult;
-use super::core::{Command, Core, RevokeEnd};
-use super::monitor::{LagSeconds, Monitor, STALL_CHECK};
-use super::run::spawn::{Runs, WorkerEvent};
-use super::setup::{self, Consumer_, Trigger, Triggers};
-use super::threads::{self, PollThread, Threads};
 use super::{AssignedPartition, ConsumerEvent, EVENT_CHANNEL};
 use crate::admin::health::{HealthRegistry, Heartbeat};
 use crate::config::ConnectionConfig;
+use crate::consumer::commit_thread;
+use crate::consumer::monitor::{LagSeconds, Monitor, STALL_CHECK};
+use crate::consumer::setup::{self, Consumer_, Trigger, Triggers};
+use crate::consumer::threads::{self, PollThread, Threads};
+use crate::core::committer::CommitResult;
+use crate::core::{Command, Core, RevokeEnd};
 use crate::dispatch::event::TopicPartition;
+use crate::run::spawn::{Runs, WorkerEvent};
 use crate::telemetry::metrics;
 
-pub use super::setup::{SharedClients, SupervisorError};
+pub use crate::consumer::setup::{SharedClients, SupervisorError};
 
 /// Most worker events handled before the core is polled.
 const COMPLETIONS_AT_ONCE: usize = 256;
@@ -148,7 +148,7 @@ impl ConnectionSupervisor {
     fn on_event(&mut self, event: ConsumerEvent) {
         match event {
             ConsumerEvent::Messages(batch) => {
-                super::monitor::intake(&self.name, &mut self.core, &mut self.lag, batch);
+                crate::consumer::monitor::intake(&self.name, &mut self.core, &mut self.lag, batch);
             }
             ConsumerEvent::Positions(positions) => {
                 for (tp, position) in positions {
@@ -219,7 +219,7 @@ impl ConnectionSupervisor {
                     }
                 }
                 Command::FinishRevoke(end) => self.finish_revoke(end).await,
-                Command::Hold(change) => super::monitor::log_hold(&self.name, &change),
+                Command::Hold(change) => crate::consumer::monitor::log_hold(&self.name, &change),
             }
         }
         self.commands = commands;

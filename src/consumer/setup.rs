@@ -8,16 +8,16 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, Semaphore};
 
-use super::context::ConnectorContext;
-use super::core::Core;
-use super::partitions::{Limits, TriggerSlot};
-use super::run::TriggerRuntime;
 use super::{consumer_config, AssignedPartition, ConsumerEvent};
 use crate::codec::registry::RegistryClient;
 use crate::codec::Decoder;
 use crate::config::ConnectionConfig;
+use crate::consumer::context::ConnectorContext;
+use crate::core::partitions::{Limits, TriggerSlot};
+use crate::core::Core;
 use crate::dispatch::retry::Backoff;
 use crate::dispatch::HttpDispatcher;
+use crate::run::TriggerRuntime;
 use thiserror::Error;
 
 /// Why a connection could not start or stopped.
@@ -156,7 +156,7 @@ impl Triggers {
                 ordering: t.ordering,
                 permits,
                 runtime: Arc::clone(&runtime),
-                batch: t.batch.as_ref().map(super::batch::BatchLimits::from),
+                batch: t.batch.as_ref().map(crate::core::batch::BatchLimits::from),
             };
             for topic in t.topics.iter().filter(|t| !crate::config::is_pattern(t)) {
                 let _ = by_topic.insert(topic.clone(), slot.clone());
@@ -232,7 +232,7 @@ pub(super) fn core(config: &ConnectionConfig) -> Core<Trigger> {
     let limits = Limits {
         per_partition: config.max_buffered_per_partition,
         max_bytes: config.max_buffered_bytes,
-        max_tracked_above: super::offsets::MAX_TRACKED_ABOVE,
+        max_tracked_above: crate::core::offsets::MAX_TRACKED_ABOVE,
     };
     let drain = Duration::from_millis(config.drain_timeout_ms);
     Core::new(limits, COMMIT_INTERVAL, COMMIT_HOLD_LIMIT, drain)
@@ -263,12 +263,13 @@ pub(super) fn consumer(
     events_tx: mpsc::Sender<ConsumerEvent>,
 ) -> Result<Consumer_, SupervisorError> {
     let revoke_wait = Duration::from_millis(config.drain_timeout_ms) + Duration::from_secs(10);
-    let signer = super::security::MskIamSigner::from_config(config, |v| std::env::var(v).ok())
-        .map_err(|e| SupervisorError::Setup {
-            connection: name.to_owned(),
-            reason: format!("AWS_MSK_IAM: {e}"),
-        })?
-        .map(Arc::new);
+    let signer =
+        crate::clients::security::MskIamSigner::from_config(config, |v| std::env::var(v).ok())
+            .map_err(|e| SupervisorError::Setup {
+                connection: name.to_owned(),
+                reason: format!("AWS_MSK_IAM: {e}"),
+            })?
+            .map(Arc::new);
     let context = ConnectorContext::new(name.to_owned(), events_tx, revoke_wait, signer)
         .with_offset_reset(config.kafka.get("auto.offset.reset").map(String::as_str));
     consumer_config(name, config)

@@ -1,0 +1,692 @@
+//! Unit tests of `partitions`.
+use super::*;
+use crate::core::starts::MESSAGE_OVERHEAD;
+use rdkafka::Timestamp;
+
+fn tp(p: i32) -> TopicPartition {
+    TopicPartition {
+        topic: "t".into(),
+        partition: p,
+    }
+}
+
+fn msg(p: i32, offset: i64, key: &str) -> OwnedMessage {
+    OwnedMessage::new(
+        Some(vec![0; 36]),
+        Some(key.as_bytes().to_vec()),
+        "t".into(),
+        Timestamp::NotAvailable,
+        p,
+        offset,
+        None,
+    )
+}
+
+fn trigger(permits: usize, ordering: Ordering) -> TriggerSlot<&'static str> {
+    TriggerSlot {
+        index: 0,
+        ordering,
+        permits: Arc::new(Semaphore::new(permits)),
+        runtime: "trigger",
+        batch: None,
+    }
+}
+
+fn assigned(p: i32, committed: Option<i64>, metadata: &str) -> AssignedPartition {
+    AssignedPartition {
+        tp: tp(p),
+        committed,
+        metadata: metadata.into(),
+    }
+}
+
+fn set(per_partition: usize, max_bytes: usize) -> PartitionSet<&'static str> {
+    PartitionSet::new(Limits {
+        per_partition,
+        max_bytes,
+        max_tracked_above: crate::core::offsets::MAX_TRACKED_ABOVE,
+    })
+}
+
+fn commits(s: &mut PartitionSet<&'static str>) -> Vec<(i32, i64, String)> {
+    let mut out = Vec::new();
+    s.take_commits(Instant::now(), |tp, o, m| out.push((tp.partition, o, m)));
+    out
+}
+
+fn process(s: &mut PartitionSet<&'static str>) -> Actions<&'static str> {
+    let mut out = Actions::default();
+    s.process(Instant::now(), &mut out);
+    out
+}
+
+fn finish(s: &mut PartitionSet<&'static str>, start: Start<&'static str>, handled: bool) {
+    let offset = start.msg.offset();
+    drop(start.permit);
+    let _ = s.on_completion(start.id, start.generation, &start.key, offset, handled);
+}
+
+#[test]
+fn an_offset_is_committed_only_once_its_run_and_every_earlier_one_is_handled() {
+    let mut s = set(100, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        trigger(8, Ordering::Key),
+        Instant::now(),
+    );
+    for o in 0..3 {
+        assert!(matches!(
+            s.on_message(msg(0, o, &format!("k{o}"))),
+            Arrival::Queued(_)
+        ));
+    }
+    let mut starts = process(&mut s).starts;
+    assert_eq!(starts.len(), 3);
+    assert!(
+        commits(&mut s).is_empty(),
+        "nothing handled, nothing to commit"
+    );
+    let third = starts.pop().unwrap();
+    let second = starts.pop().unwrap();
+    let first = starts.pop().unwrap();
+    finish(&mut s, third, true);
+    // Offset 2 is handled above the gap at 0: the commit stays at 0 and names 2.
+    assert_eq!(commits(&mut s), vec![(0, 0, "tk1:0:2".to_owned())]);
+    finish(&mut s, second, false);
+    assert!(commits(&mut s).is_empty(), "an abandoned run moves nothing");
+    finish(&mut s, first, true);
+    assert_eq!(commits(&mut s), vec![(0, 1, "tk1:1:1".to_owned())]);
+    assert!(!s.commits_pending());
+}
+
+#[test]
+fn metadata_is_encoded_once_per_take_however_many_runs_were_handled() {
+    let mut s = set(10_000, 1 << 30);
+    s.assign(
+        assigned(0, Some(0), ""),
+        trigger(10_000, Ordering::Unordered),
+        Instant::now(),
+    );
+    for o in 0..1000 {
+        let _ = s.on_message(msg(0, o, "k"));
+    }
+    let starts = process(&mut s).starts;
+    for st in starts.into_iter().skip(1) {
+        finish(&mut s, st, true);
+    }
+    // 999 handled above the gap at 0, one take: one commit.
+    let c = commits(&mut s);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].1, 0);
+}
+
+#[test]
+fn a_revoked_partition_drops_its_waiting_messages_and_a_new_assignment_starts_afresh() {
+    let mut s = set(2, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        trigger(1, Ordering::Key),
+        Instant::now(),
+    );
+    for o in 0..4 {
+        let _ = s.on_message(msg(0, o, "same"));
+    }
+    let out = process(&mut s);
+    assert_eq!(out.starts.len(), 1);
+    assert_eq!(out.pause, vec![tp(0)], "3 waiting ≥ 2: paused");
+    assert!(s.buffered_bytes() > 0);
+    let in_flight = out.starts.into_iter().next().unwrap();
+    s.begin_revoke(&[tp(0)], false);
+    assert_eq!(s.buffered_bytes(), 0);
+    assert!(in_flight.drain.is_cancelled());
+    assert!(
+        !in_flight.cancel.is_cancelled(),
+        "a revoke lets the attempt finish"
+    );
+    assert_eq!(s.in_flight_of(&[tp(0)]), 1);
+    assert!(process(&mut s).starts.is_empty());
+    finish(&mut s, in_flight.clone_for_test(), true);
+    assert_eq!(s.in_flight_of(&[tp(0)]), 0);
+    assert_eq!(s.final_commit(&tp(0)), Some((1, String::new())));
+    assert!(s.remove(&tp(0)));
+    assert!(in_flight.cancel.is_cancelled());
+    // Assigned back: unpaused, nothing queued, a new generation.
+    s.assign(
+        assigned(0, Some(1), ""),
+        trigger(1, Ordering::Key),
+        Instant::now(),
+    );
+    let p = s.by_tp(&tp(0)).unwrap();
+    assert!(!p.paused);
+    assert_ne!(p.generation, in_flight.generation);
+    assert_eq!(p.backlog(), 0);
+    // A completion of the earlier assignment changes nothing.
+    assert_eq!(
+        s.on_completion(in_flight.id, in_flight.generation, &in_flight.key, 1, true),
+        None
+    );
+    assert!(!s.commits_pending());
+    assert!(matches!(
+        s.on_message(msg(0, 1, "same")),
+        Arrival::Queued(_)
+    ));
+    assert_eq!(process(&mut s).starts.len(), 1);
+}
+
+#[test]
+fn a_lost_partition_abandons_its_attempts_at_once() {
+    let mut s = set(10, 1 << 20);
+    s.assign(
+        assigned(0, None, ""),
+        trigger(4, Ordering::Key),
+        Instant::now(),
+    );
+    let _ = s.on_message(msg(0, 5, "a"));
+    let st = process(&mut s).starts.pop().unwrap();
+    s.begin_revoke(&[tp(0)], true);
+    assert!(st.cancel.is_cancelled());
+}
+
+#[test]
+fn a_full_partition_pauses_and_resumes_at_half() {
+    let mut s = set(4, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        trigger(1, Ordering::Partition),
+        Instant::now(),
+    );
+    for o in 0..6 {
+        let _ = s.on_message(msg(0, o, "k"));
+    }
+    let out = process(&mut s);
+    assert_eq!(out.pause, vec![tp(0)]);
+    assert!(s.by_tp(&tp(0)).unwrap().paused);
+    let mut run = out.starts.into_iter().next().unwrap();
+    // 5 waiting, then 4, 3, 2: resumed when 2 (half of 4) are left.
+    for left in [4, 3, 2] {
+        finish(&mut s, run, true);
+        let out = process(&mut s);
+        assert_eq!(s.by_tp(&tp(0)).unwrap().queue.waiting(), left);
+        assert_eq!(out.resume.is_empty(), left > 2, "waiting {left}");
+        run = out.starts.into_iter().next().unwrap();
+    }
+    assert_eq!(s.paused_count(), 0);
+}
+
+#[test]
+fn the_byte_budget_pauses_every_partition_with_waiting_messages() {
+    // Room for 3 messages.
+    let each = msg_bytes(&msg(0, 0, "a"));
+    let mut s = set(100, 3 * each);
+    for p in 0..2 {
+        s.assign(
+            assigned(p, Some(0), ""),
+            trigger(0, Ordering::Key),
+            Instant::now(),
+        );
+    }
+    let _ = s.on_message(msg(0, 0, "a"));
+    let _ = s.on_message(msg(0, 1, "a"));
+    assert!(process(&mut s).pause.is_empty());
+    let _ = s.on_message(msg(1, 0, "a"));
+    let out = process(&mut s);
+    let mut paused = out.pause.clone();
+    paused.sort_by_key(|t| t.partition);
+    assert_eq!(paused, vec![tp(0), tp(1)]);
+    // Dropping partition 1's message leaves two, not below half the budget.
+    s.begin_revoke(&[tp(1)], false);
+    assert!(process(&mut s).resume.is_empty());
+    let _ = s.remove(&tp(1));
+    s.begin_revoke(&[tp(0)], false);
+    let _ = s.remove(&tp(0));
+    assert_eq!(s.buffered_bytes(), 0);
+}
+
+#[test]
+fn a_partition_starved_of_permits_starts_when_another_partition_frees_one() {
+    let mut s = set(100, 1 << 20);
+    let t = trigger(1, Ordering::Key);
+    s.assign(assigned(0, Some(0), ""), t.clone(), Instant::now());
+    s.assign(assigned(1, Some(0), ""), t, Instant::now());
+    let _ = s.on_message(msg(0, 0, "a"));
+    let first = process(&mut s).starts.pop().unwrap();
+    let _ = s.on_message(msg(1, 0, "b"));
+    assert!(process(&mut s).starts.is_empty(), "no permit");
+    finish(&mut s, first, true);
+    let starts = process(&mut s).starts;
+    assert_eq!(starts.len(), 1);
+    assert_eq!(starts[0].msg.partition(), 1);
+}
+
+#[test]
+fn nothing_starts_while_holding_and_everything_may_start_after() {
+    let mut s = set(100, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        trigger(4, Ordering::Key),
+        Instant::now(),
+    );
+    s.set_holding(true);
+    let _ = s.on_message(msg(0, 0, "a"));
+    assert!(process(&mut s).starts.is_empty());
+    s.set_holding(false);
+    assert_eq!(process(&mut s).starts.len(), 1);
+}
+
+#[test]
+fn a_redelivered_or_already_accepted_message_is_not_queued_again() {
+    let mut s = set(100, 1 << 20);
+    // The previous owner handled 11 above its commit at 10.
+    s.assign(
+        assigned(0, Some(10), "tk1:10:1"),
+        trigger(4, Ordering::Key),
+        Instant::now(),
+    );
+    assert!(matches!(s.on_message(msg(0, 10, "a")), Arrival::Queued(_)));
+    assert!(matches!(
+        s.on_message(msg(0, 11, "b")),
+        Arrival::AlreadyAccepted(_)
+    ));
+    assert!(matches!(
+        s.on_message(msg(0, 10, "a")),
+        Arrival::AlreadyReceived(_)
+    ));
+    assert!(matches!(
+        s.on_message(msg(7, 0, "a")),
+        Arrival::NotAssigned(_)
+    ));
+    let st = process(&mut s).starts;
+    assert_eq!(st.len(), 1);
+    for x in st {
+        finish(&mut s, x, true);
+    }
+    assert_eq!(commits(&mut s), vec![(0, 12, String::new())]);
+}
+
+#[test]
+fn a_position_left_from_an_earlier_assignment_is_not_trusted() {
+    let mut s = set(100, 1 << 20);
+    s.assign(
+        assigned(0, Some(10), ""),
+        trigger(4, Ordering::Key),
+        Instant::now(),
+    );
+    // A position ahead of the commit before any message or reset: ignored.
+    s.on_position(&tp(0), Some(50));
+    assert!(commits(&mut s).is_empty());
+    // No position (fetch restarting from the commit), then one past two aborted records.
+    s.on_position(&tp(0), None);
+    s.on_position(&tp(0), Some(13));
+    assert_eq!(commits(&mut s), vec![(0, 13, String::new())]);
+}
+
+#[test]
+fn only_the_commit_offset_moving_is_progress() {
+    let mut s = set(100, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        trigger(8, Ordering::Key),
+        Instant::now(),
+    );
+    for (o, k) in [(0, "held"), (1, "a"), (2, "b")] {
+        let _ = s.on_message(msg(0, o, k));
+    }
+    let mut starts = process(&mut s).starts.into_iter();
+    let held = starts.next().unwrap();
+    let assigned_at = s.by_tp(&tp(0)).unwrap().last_progress;
+    // Later keys are handled: the commit's metadata changes, its offset stays at 0.
+    let later = Instant::now() + std::time::Duration::from_secs(5);
+    for st in starts {
+        finish(&mut s, st, true);
+    }
+    let mut taken = Vec::new();
+    s.take_commits(later, |_, o, m| taken.push((o, m)));
+    assert_eq!(taken, vec![(0, "tk1:0:1-2".to_owned())]);
+    assert_eq!(
+        s.by_tp(&tp(0)).unwrap().last_progress,
+        assigned_at,
+        "no progress"
+    );
+    finish(&mut s, held, true);
+    s.take_commits(later, |_, _, _| {});
+    assert_eq!(
+        s.by_tp(&tp(0)).unwrap().last_progress,
+        later,
+        "the offset moved"
+    );
+}
+
+#[test]
+fn a_partition_with_a_full_gap_pauses_and_starts_nothing() {
+    let mut s = set(1_000_000, 1 << 40);
+    let n = crate::core::offsets::MAX_TRACKED_ABOVE as i64 + 2;
+    s.assign(
+        assigned(0, Some(0), ""),
+        trigger(1 << 20, Ordering::Unordered),
+        Instant::now(),
+    );
+    for o in 0..n {
+        let _ = s.on_message(msg(0, o, "k"));
+    }
+    let mut out = Actions::default();
+    s.process(Instant::now(), &mut out);
+    // Offset 0 stays in flight; everything above it is handled.
+    let mut starts = out.starts.into_iter();
+    let parked = starts.next().unwrap();
+    for st in starts {
+        finish(&mut s, st, true);
+    }
+    let _ = s.on_message(msg(0, n, "k"));
+    let out = process(&mut s);
+    assert!(out.starts.is_empty(), "gap full: nothing new starts");
+    assert!(s.by_tp(&tp(0)).unwrap().paused);
+    finish(&mut s, parked, true);
+    let out = process(&mut s);
+    assert_eq!(out.resume, vec![tp(0)]);
+    assert_eq!(out.starts.len(), 1);
+}
+
+/// The handover wedge: a new owner loads a full gap from the previous owner's commit
+/// metadata, so the gap is full before anything started. The record at the gap must
+/// start (and nothing else of a single-record trigger until the gap closes), whatever
+/// the ordering or trigger kind, and the partition then drains.
+#[test]
+fn a_new_owner_of_a_full_gap_starts_the_record_at_the_gap_and_drains() {
+    let max = crate::core::offsets::MAX_TRACKED_ABOVE as i64;
+    let metadata = format!("tk1:0:1-{max}");
+    let slots = [
+        trigger(8, Ordering::Key),
+        trigger(8, Ordering::Partition),
+        trigger(8, Ordering::Unordered),
+        batch_trigger(8, 3, 1 << 20),
+    ];
+    for slot in slots {
+        let batch = slot.batch.is_some();
+        let mut s = set(100, 1 << 20);
+        s.assign(assigned(0, Some(0), &metadata), slot, Instant::now());
+        // The consumer reads from the committed offset 0: the record at the gap, then
+        // records the metadata lists as handled, then new ones.
+        for o in 0..3 {
+            let _ = s.on_message(msg(0, o, if o == 0 { "parked" } else { "other" }));
+        }
+        for o in max + 1..max + 4 {
+            let _ = s.on_message(msg(0, o, "other"));
+        }
+        let mut started = Vec::new();
+        let mut paused = false;
+        let mut resumed = false;
+        // Later rounds run past any batch's max_wait.
+        let mut now = Instant::now();
+        for round in 0..10 {
+            let mut out = Actions::default();
+            s.process(now, &mut out);
+            now += std::time::Duration::from_secs(2);
+            paused |= out.pause.contains(&tp(0));
+            resumed |= out.resume.contains(&tp(0));
+            if round == 0 {
+                assert_eq!(out.starts.len(), 1, "one run starts at the gap");
+                assert_eq!(offsets_of(&out.starts[0])[0], 0);
+                if !batch {
+                    assert!(out.starts[0].batch.is_empty());
+                }
+            }
+            for st in out.starts {
+                let offsets = offsets_of(&st);
+                started.extend(offsets.iter().copied());
+                drop(st.permit);
+                if batch {
+                    let done: Vec<(i64, bool)> = offsets.iter().map(|o| (*o, true)).collect();
+                    let _ = s.on_batch_completion(st.id, st.generation, &done);
+                } else {
+                    let _ = s.on_completion(st.id, st.generation, &st.key, offsets[0], true);
+                }
+            }
+        }
+        started.sort_unstable();
+        assert!(
+            paused && resumed,
+            "paused while the gap was full, then resumed"
+        );
+        assert_eq!(started, vec![0, max + 1, max + 2, max + 3]);
+        assert_eq!(commits(&mut s), vec![(0, max + 4, String::new())]);
+    }
+}
+
+#[test]
+fn a_batch_goes_out_when_its_partition_buffer_or_the_byte_budget_is_full() {
+    // Four waiting records fill the partition's buffer: the batch of ten goes out with
+    // them rather than wait for records the paused partition will not fetch.
+    let mut s = set(4, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        batch_trigger(8, 10, 1 << 20),
+        Instant::now(),
+    );
+    for o in 0..3 {
+        let _ = s.on_message(msg(0, o, "k"));
+    }
+    assert!(process(&mut s).starts.is_empty());
+    let _ = s.on_message(msg(0, 3, "k"));
+    let out = process(&mut s);
+    assert_eq!(offsets_of(&out.starts[0]), vec![0, 1, 2, 3]);
+    // The byte budget: each record counts 37 bytes and the overhead.
+    let mut s = set(100, 2 * (37 + MESSAGE_OVERHEAD));
+    s.assign(
+        assigned(0, Some(0), ""),
+        batch_trigger(8, 10, 1 << 20),
+        Instant::now(),
+    );
+    let _ = s.on_message(msg(0, 0, "k"));
+    assert!(process(&mut s).starts.is_empty());
+    let _ = s.on_message(msg(0, 1, "k"));
+    assert_eq!(offsets_of(&process(&mut s).starts[0]), vec![0, 1]);
+}
+
+#[test]
+fn a_waiting_batch_goes_out_at_once_when_its_partition_is_revoked() {
+    let mut s = set(100, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        batch_trigger(8, 10, 1 << 20),
+        Instant::now(),
+    );
+    s.assign(
+        assigned(1, Some(0), ""),
+        batch_trigger(8, 10, 1 << 20),
+        Instant::now(),
+    );
+    for o in 0..3 {
+        let _ = s.on_message(msg(0, o, "k"));
+        let _ = s.on_message(msg(1, o, "k"));
+    }
+    // Below every bound: nothing goes out yet.
+    assert!(process(&mut s).starts.is_empty());
+    let mut out = Actions::default();
+    s.flush_batches(Instant::now(), Some(&[tp(0)]), &mut out);
+    assert_eq!(out.starts.len(), 1, "only the revoked partition");
+    let b = out.starts.pop().unwrap();
+    assert_eq!(offsets_of(&b), vec![0, 1, 2]);
+    s.begin_revoke(&[tp(0)], false);
+    let _ = s.on_batch_completion(b.id, b.generation, &[(0, true), (1, true), (2, true)]);
+    assert_eq!(s.final_commit(&tp(0)).unwrap().0, 3);
+    // A partition with a batch out flushes nothing more; neither does a holding set.
+    let mut s2 = set(100, 1 << 20);
+    s2.assign(
+        assigned(0, Some(0), ""),
+        batch_trigger(8, 2, 1 << 20),
+        Instant::now(),
+    );
+    for o in 0..3 {
+        let _ = s2.on_message(msg(0, o, "k"));
+    }
+    assert_eq!(process(&mut s2).starts.len(), 1);
+    let mut out = Actions::default();
+    s2.flush_batches(Instant::now(), None, &mut out);
+    assert!(out.starts.is_empty());
+    s.set_holding(true);
+    s.flush_batches(Instant::now(), None, &mut out);
+    assert!(out.starts.is_empty());
+}
+
+fn batch_trigger(
+    permits: usize,
+    max_records: usize,
+    max_bytes: usize,
+) -> TriggerSlot<&'static str> {
+    TriggerSlot {
+        batch: Some(BatchLimits {
+            max_records,
+            max_bytes,
+            max_wait: std::time::Duration::from_millis(1000),
+        }),
+        ..trigger(permits, Ordering::Key)
+    }
+}
+
+fn offsets_of(start: &Start<&'static str>) -> Vec<i64> {
+    std::iter::once(&start.msg)
+        .chain(&start.batch)
+        .map(Message::offset)
+        .collect()
+}
+
+#[test]
+fn a_batch_goes_out_at_max_records_in_offset_order_one_per_partition_at_a_time() {
+    let mut s = set(100, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        batch_trigger(8, 3, 1 << 20),
+        Instant::now(),
+    );
+    for o in 0..7 {
+        let _ = s.on_message(msg(0, o, if o % 2 == 0 { "a" } else { "b" }));
+    }
+    let mut out = process(&mut s);
+    assert_eq!(out.starts.len(), 1, "one batch of a partition at a time");
+    let first = out.starts.pop().unwrap();
+    assert_eq!(offsets_of(&first), vec![0, 1, 2]);
+    assert!(
+        process(&mut s).starts.is_empty(),
+        "the next waits for the first"
+    );
+    // Nothing is committed before the batch is handled.
+    assert!(commits(&mut s).is_empty());
+    let _ = s.on_batch_completion(
+        first.id,
+        first.generation,
+        &[(0, true), (1, true), (2, true)],
+    );
+    assert_eq!(commits(&mut s), vec![(0, 3, String::new())]);
+    let second = process(&mut s).starts.pop().unwrap();
+    assert_eq!(offsets_of(&second), vec![3, 4, 5]);
+    // A record not handled (abandoned) holds the commit below it.
+    let _ = s.on_batch_completion(
+        second.id,
+        second.generation,
+        &[(3, true), (4, false), (5, true)],
+    );
+    let c = commits(&mut s);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].1, 4);
+    // One record is left: it waits for max_wait.
+    let mut out = Actions::default();
+    s.process(Instant::now(), &mut out);
+    assert!(out.starts.is_empty());
+    let due = s.next_batch_due().expect("a wake-up for max_wait");
+    s.process(due, &mut out);
+    assert_eq!(offsets_of(&out.starts[0]), vec![6]);
+    assert!(s.next_batch_due().is_none());
+}
+
+#[test]
+fn a_batch_respects_max_bytes_and_an_oversized_record_goes_alone() {
+    let mut s = set(100, 1 << 20);
+    // Each test record has a 36-byte value and a 1-byte key: 37 bytes.
+    s.assign(
+        assigned(0, Some(0), ""),
+        batch_trigger(8, 100, 80),
+        Instant::now(),
+    );
+    for o in 0..5 {
+        let _ = s.on_message(msg(0, o, "k"));
+    }
+    let b = process(&mut s).starts.pop().unwrap();
+    assert_eq!(offsets_of(&b), vec![0, 1]);
+    let _ = s.on_batch_completion(b.id, b.generation, &[(0, true), (1, true)]);
+    let b = process(&mut s).starts.pop().unwrap();
+    assert_eq!(offsets_of(&b), vec![2, 3]);
+    let mut s = set(100, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        batch_trigger(8, 100, 10),
+        Instant::now(),
+    );
+    let _ = s.on_message(msg(0, 0, "k"));
+    let _ = s.on_message(msg(0, 1, "k"));
+    assert_eq!(offsets_of(&process(&mut s).starts[0]), vec![0]);
+}
+
+#[test]
+fn batches_of_different_partitions_run_in_parallel_up_to_the_permits() {
+    let mut s = set(100, 1 << 20);
+    let t = batch_trigger(2, 2, 1 << 20);
+    for p in 0..3 {
+        s.assign(assigned(p, Some(0), ""), t.clone(), Instant::now());
+        for o in 0..2 {
+            let _ = s.on_message(msg(p, o, "k"));
+        }
+    }
+    let out = process(&mut s);
+    assert_eq!(out.starts.len(), 2, "two permits");
+    let mut parts: Vec<i32> = out.starts.iter().map(|b| b.msg.partition()).collect();
+    parts.sort_unstable();
+    parts.dedup();
+    assert_eq!(parts.len(), 2);
+    let first = out.starts.into_iter().next().unwrap();
+    let offsets: Vec<(i64, bool)> = offsets_of(&first).into_iter().map(|o| (o, true)).collect();
+    drop(first.permit);
+    let _ = s.on_batch_completion(first.id, first.generation, &offsets);
+    assert_eq!(
+        process(&mut s).starts.len(),
+        1,
+        "the third partition's batch starts"
+    );
+}
+
+#[test]
+fn revoking_drops_a_waiting_batch_and_commits_only_what_was_handled() {
+    let mut s = set(100, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        batch_trigger(8, 2, 1 << 20),
+        Instant::now(),
+    );
+    for o in 0..3 {
+        let _ = s.on_message(msg(0, o, "k"));
+    }
+    let b = process(&mut s).starts.pop().unwrap();
+    s.begin_revoke(&[tp(0)], false);
+    assert_eq!(s.buffered_bytes(), 0);
+    let _ = s.on_batch_completion(b.id, b.generation, &[(0, true), (1, true)]);
+    assert_eq!(s.final_commit(&tp(0)).unwrap().0, 2);
+    assert!(process(&mut s).starts.is_empty());
+}
+
+impl<T: Clone> Start<T> {
+    /// A copy holding a fresh permit-less stand-in, for tests that finish a run and keep
+    /// looking at it.
+    fn clone_for_test(&self) -> Start<T> {
+        Start {
+            id: self.id,
+            generation: self.generation,
+            key: self.key.clone(),
+            msg: self.msg.clone(),
+            batch: self.batch.clone(),
+            permit: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+            trigger: self.trigger.clone(),
+            trigger_index: self.trigger_index,
+            drain: self.drain.clone(),
+            cancel: self.cancel.clone(),
+        }
+    }
+}
