@@ -80,6 +80,31 @@ pub fn idempotency_key(
     format!("kafka:{group}:{topic}:{partition}:{first}-{last}:{count}")
 }
 
+/// The key of a batch request of `count` records of `topic`/`partition` from `first` to
+/// `last` ([`idempotency_key`]), or, resent after a 409, its [`conflict_key`] with `nonce`.
+pub fn request_key(
+    group: &str,
+    first: &rdkafka::message::OwnedMessage,
+    last: &rdkafka::message::OwnedMessage,
+    count: usize,
+    conflict_nonce: Option<u64>,
+) -> String {
+    use rdkafka::message::Message as _;
+    let (topic, partition) = (first.topic(), first.partition());
+    let key = idempotency_key(
+        group,
+        topic,
+        partition,
+        first.offset(),
+        last.offset(),
+        count,
+    );
+    match conflict_nonce {
+        Some(nonce) => conflict_key(&key, nonce),
+        None => key,
+    }
+}
+
 /// The key a batch is sent again under after a 409 to `key`: `key` with a random suffix,
 /// so that the dispatcher answers for this request's events rather than recall an earlier
 /// request with the same bounds (whose answer may have named events failed).

@@ -12,7 +12,7 @@
 //! do not apply (replaying a record is asking for its run), and `on_error` neither: a record
 //! that still fails is reported, never dead-lettered again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use hyper::header::HeaderMap;
@@ -364,7 +364,7 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
     /// The record's key and value, retried as the daemon retries decoding (a registry outage,
     /// a schema id not there yet); None when it cannot be decoded.
     async fn decode(&self, msg: &OwnedMessage) -> anyhow::Result<Option<(Decoded, Decoded)>> {
-        let mut missing_since: Option<Instant> = None;
+        let mut missing_since: Option<tokio::time::Instant> = None;
         let mut attempt = 0u32;
         loop {
             attempt += 1;
@@ -372,17 +372,7 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
                 Ok(kv) => return Ok(Some(kv)),
                 Err(e) => e,
             };
-            let schema_not_found = e.class() == "schema_not_found";
-            let missing_for = if schema_not_found {
-                missing_since.get_or_insert_with(Instant::now).elapsed()
-            } else {
-                Duration::ZERO
-            };
-            let observed = Observed::Undecodable {
-                disposition: e.disposition(),
-                schema_not_found,
-                missing_for,
-            };
+            let observed = Observed::undecodable(&e, &mut missing_since);
             match decide(observed, 0, &self.policy) {
                 Next::Retry { retry_after } => {
                     let delay = self.delay(attempt, retry_after);
@@ -611,17 +601,7 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
     ) -> (String, Vec<u8>, HeaderMap) {
         let first = &records[group[0]].original;
         let last = &records[group[group.len() - 1]].original;
-        let mut key = batch::idempotency_key(
-            self.group,
-            first.topic(),
-            first.partition(),
-            first.offset(),
-            last.offset(),
-            group.len(),
-        );
-        if let Some(nonce) = conflict_nonce {
-            key = batch::conflict_key(&key, nonce);
-        }
+        let key = batch::request_key(self.group, first, last, group.len(), conflict_nonce);
         if self.cloudevents.is_some() {
             let events: Vec<Json> = group
                 .iter()

@@ -105,17 +105,7 @@ pub(super) fn request(
         }
     }
     let (first, last) = (&records[group[0]].msg, &records[group[group.len() - 1]].msg);
-    let mut key = batch::idempotency_key(
-        &trigger.group,
-        first.topic(),
-        first.partition(),
-        first.offset(),
-        last.offset(),
-        group.len(),
-    );
-    if let Some(nonce) = conflict_nonce {
-        key = batch::conflict_key(&key, nonce);
-    }
+    let key = batch::request_key(&trigger.group, first, last, group.len(), conflict_nonce);
     let (body, envelope) = if trigger.cloudevents.is_some() {
         cloudevents::structured_batch(&structured)
     } else {

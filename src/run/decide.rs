@@ -84,6 +84,24 @@ pub struct RetryPolicy {
     pub schema_not_found: Duration,
 }
 
+impl Observed {
+    /// A decode error as an observation; `first_missing` remembers since when the registry
+    /// has not known the schema id (set here on the first such error).
+    pub fn undecodable(e: &crate::codec::DecodeError, first_missing: &mut Option<Instant>) -> Self {
+        let schema_not_found = e.class() == "schema_not_found";
+        let missing_for = if schema_not_found {
+            first_missing.get_or_insert_with(Instant::now).elapsed()
+        } else {
+            Duration::ZERO
+        };
+        Observed::Undecodable {
+            disposition: e.disposition(),
+            schema_not_found,
+            missing_for,
+        }
+    }
+}
+
 impl From<&crate::config::RetryConfig> for RetryPolicy {
     /// The settings of a trigger's `retry` table that [`decide`] applies.
     fn from(r: &crate::config::RetryConfig) -> Self {

@@ -1,8 +1,6 @@
 //! What a run does with a record that failed: the step after a panic or a decode error, the
 //! age check, and `on_error` (skip, or the dead-letter copy with its headers).
 
-use std::time::Duration;
-
 use rdkafka::message::{Message, OwnedMessage};
 use tokio::time::Instant;
 
@@ -86,20 +84,7 @@ pub(super) fn on_decode_error(
         status: None,
         schema_id: e.schema_id(),
     };
-    let schema_not_found = e.class() == "schema_not_found";
-    let missing_for = if schema_not_found {
-        attempts
-            .first_schema_not_found
-            .get_or_insert_with(Instant::now)
-            .elapsed()
-    } else {
-        Duration::ZERO
-    };
-    let observed = Observed::Undecodable {
-        disposition: e.disposition(),
-        schema_not_found,
-        missing_for,
-    };
+    let observed = Observed::undecodable(e, &mut attempts.first_schema_not_found);
     let next = decide(observed, attempts.transient, &trigger.retry_policy());
     if next == Next::Stop {
         trigger.stop(&e.to_string());
