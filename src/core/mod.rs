@@ -242,6 +242,11 @@ impl<T: Clone> Core<T> {
         self.final_commits(&tps)
     }
 
+    /// Whether every commit taken so far is confirmed (none is wanted).
+    pub fn commits_settled(&self) -> bool {
+        self.committer.wanted_count() == 0
+    }
+
     /// Whether a commit request is out without an answer.
     pub fn commit_out(&self) -> bool {
         self.committer.request_out()

@@ -10,6 +10,9 @@
 //!   group's committed offset;
 //! - **key order**: the first run of a record starts only after the first runs of every
 //!   earlier record of its key in the partition;
+//! - **repeats**: runs of records the dispatcher had accepted already are at most, summed over
+//!   the kills, the runs in flight at each kill plus the runs the killed member accepted since
+//!   its last confirmed commit (an orderly handover or stop repeats nothing);
 //! - **bounded**: records waiting per partition and offsets tracked above a gap stay within
 //!   their bounds;
 //! - **liveness**: once faults stop (no kill or handover, no parked key), every data record is
@@ -124,6 +127,8 @@ struct Request {
     member: usize,
     generation: u64,
     due: u64,
+    /// The member's accepted runs when the request was taken: a confirmation covers them.
+    accepted_at_take: u64,
     commits: Vec<(TopicPartition, i64, String)>,
 }
 
@@ -145,6 +150,9 @@ struct Member {
     /// Per owned partition: the next offset the consumer fetches, and whether it is paused.
     fetch: HashMap<i32, (i64, bool)>,
     runs: Vec<Run>,
+    /// Runs this member saw accepted, and how many of them a confirmed commit covers.
+    accepted: u64,
+    covered: u64,
 }
 
 /// What broke an invariant, with the step it broke at.
@@ -175,6 +183,10 @@ struct Sim {
     /// Keys the dispatcher fails while faults last.
     parked: HashSet<u64>,
     faults: bool,
+    /// Runs started for records the dispatcher had accepted already, and what the kills so
+    /// far allow of them.
+    repeats: u64,
+    repeat_bound: u64,
 }
 
 impl Sim {
@@ -211,6 +223,8 @@ impl Sim {
             not_started: HashMap::new(),
             parked,
             faults: true,
+            repeats: 0,
+            repeat_bound: 0,
         };
         sim.index_logs();
         for part in 0..p.partitions {
@@ -257,6 +271,8 @@ impl Sim {
             permits: Arc::new(Semaphore::new(p.concurrency)),
             fetch: HashMap::new(),
             runs: Vec::new(),
+            accepted: 0,
+            covered: 0,
         }
     }
 
@@ -307,7 +323,8 @@ impl Sim {
         member.core.on_position(&Self::tp(part), None);
     }
 
-    fn run(mut self) -> Result<(), Violation> {
+    /// Runs the schedule to its end; returns the repeats and their bound.
+    fn run(mut self) -> Result<(u64, u64), Violation> {
         let fault_steps = self.p.fault_steps as u64;
         // Enough for every record to be fetched, run and committed after the faults.
         let limit = fault_steps + 400 + 40 * self.p.records as u64 * self.p.partitions as u64;
@@ -319,7 +336,7 @@ impl Sim {
             self.one_step()?;
             self.check()?;
             if !self.faults && self.all_done() {
-                return Ok(());
+                return Ok((self.repeats, self.repeat_bound));
             }
         }
         Err(Violation(format!(
@@ -467,6 +484,7 @@ impl Sim {
                         member: m,
                         generation: self.members[m].generation,
                         due,
+                        accepted_at_take: self.members[m].accepted,
                         commits,
                     });
                 }
@@ -510,6 +528,9 @@ impl Sim {
                     "key order: the first run of {part}@{offset} (key {key}) started before {part}@{first:?}'s"
                 )));
             }
+        }
+        if self.accepted.contains(&(part, offset)) {
+            self.repeats += 1;
         }
         let latency = 1 + self.rng.below(20);
         self.members[m].runs.push(Run {
@@ -568,6 +589,7 @@ impl Sim {
         let handled = !self.parked.contains(&run.key);
         if handled {
             self.accept(part, run.offset);
+            self.members[m].accepted += 1;
         }
         let Start {
             id,
@@ -616,7 +638,13 @@ impl Sim {
         }
         if self.members[r.member].alive {
             let now = self.now();
-            self.members[r.member].core.on_commit_answer(now, &results);
+            let member = &mut self.members[r.member];
+            member.core.on_commit_answer(now, &results);
+            // Every commit taken so far is confirmed: what was accepted before this request
+            // was taken is covered.
+            if valid && member.core.commits_settled() {
+                member.covered = member.covered.max(r.accepted_at_take);
+            }
         }
     }
 
@@ -694,6 +722,10 @@ impl Sim {
             return;
         }
         self.members[m].alive = false;
+        // What this kill may make the group offer again: the runs in flight, and the runs
+        // accepted since the last confirmed commit that covered them.
+        let member = &self.members[m];
+        self.repeat_bound += member.runs.len() as u64 + (member.accepted - member.covered);
         for run in std::mem::take(&mut self.members[m].runs) {
             if self.rng.chance(50) && !self.parked.contains(&run.key) {
                 let part = run.start.msg.partition();
@@ -741,6 +773,12 @@ impl Sim {
     }
 
     fn check(&self) -> Result<(), Violation> {
+        if self.repeats > self.repeat_bound {
+            return Err(Violation(format!(
+                "repeats: {} runs of accepted records, more than the {} in flight or accepted and not yet committed at the kills",
+                self.repeats, self.repeat_bound
+            )));
+        }
         for (part, (offset, note)) in self.committed.iter().enumerate() {
             if *offset == i64::MIN {
                 return Err(Violation(format!(
