@@ -2,7 +2,7 @@
 //! MSK IAM tokens, the classification of connection failures) and AWS credentials. Used by
 //! the consumer, the producers and the operator tools.
 
-pub mod aws_credentials;
+mod aws_credentials;
 pub mod probe;
 pub mod security;
 

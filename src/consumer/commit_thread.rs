@@ -20,13 +20,13 @@ use crate::telemetry::metrics;
 
 type Consumer_ = BaseConsumer<ConnectorContext>;
 
-pub use crate::core::CommitBatch;
+pub(super) use crate::core::CommitBatch;
 
 /// Starts the connection's commit thread: it commits each batch synchronously (one request
 /// at a time, off the runtime) and answers with the broker's verdict per partition, which an
 /// asynchronous manual commit never reports (see [`crate::core::committer`]). It ends when the
 /// request sender is dropped.
-pub fn spawn(
+pub(super) fn spawn(
     connection: &str,
     consumer: Arc<Consumer_>,
     answers: mpsc::UnboundedSender<Vec<CommitResult>>,
@@ -84,7 +84,7 @@ fn tpl_of(batch: &CommitBatch) -> TopicPartitionList {
 }
 
 /// Adds `tp` at `offset` with `metadata` to `tpl`.
-pub fn add(tpl: &mut TopicPartitionList, tp: &TopicPartition, offset: i64, metadata: &str) {
+pub(super) fn add(tpl: &mut TopicPartitionList, tp: &TopicPartition, offset: i64, metadata: &str) {
     let mut elem = tpl.add_partition(&tp.topic, tp.partition);
     let _ = elem.set_offset(Offset::Offset(offset));
     elem.set_metadata(metadata);
@@ -92,7 +92,7 @@ pub fn add(tpl: &mut TopicPartitionList, tp: &TopicPartition, offset: i64, metad
 
 /// How long, from its first refusal, the shutdown's last commit is tried again while the
 /// broker refuses it only for now ([`refused_for_now`]).
-pub const FINAL_COMMIT_RETRY: Duration = Duration::from_secs(10);
+pub(super) const FINAL_COMMIT_RETRY: Duration = Duration::from_secs(10);
 
 /// The pause between two tries of the shutdown's last commit.
 const FINAL_COMMIT_BACKOFF: Duration = Duration::from_millis(100);
@@ -112,7 +112,7 @@ const FINAL_COMMIT_BACKOFF: Duration = Duration::from_millis(100);
 /// after a partition handover was refused so, librdkafka's own commit on close met the same
 /// refusal, and the next owner was offered accepted runs again
 /// (`broker::ordering::a_replica_stopping_while_its_group_waits_for_a_slow_member_repeats_nothing`).
-pub fn refused_for_now(e: &KafkaError) -> bool {
+pub(super) fn refused_for_now(e: &KafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode as C;
     let KafkaError::ConsumerCommit(code) = e else {
         return false;
@@ -130,7 +130,7 @@ pub fn refused_for_now(e: &KafkaError) -> bool {
 }
 
 /// Synchronously commits `commits` (a revoke's last word), off the runtime.
-pub async fn commit_sync(connection: &str, consumer: &Arc<Consumer_>, commits: CommitBatch) {
+pub(super) async fn commit_sync(connection: &str, consumer: &Arc<Consumer_>, commits: CommitBatch) {
     commit_sync_retrying(connection, consumer, commits, None).await;
 }
 
@@ -138,7 +138,7 @@ pub async fn commit_sync(connection: &str, consumer: &Arc<Consumer_>, commits: C
 /// its first refusal (the shutdown's last commit: librdkafka's threads still run the group
 /// protocol meanwhile, so the rebalance that refused it can end). The first answer itself
 /// can take as long as the rebalance does: the request waits behind the member's JoinGroup.
-pub async fn commit_sync_retrying(
+pub(super) async fn commit_sync_retrying(
     connection: &str,
     consumer: &Arc<Consumer_>,
     commits: CommitBatch,

@@ -15,9 +15,9 @@
 //! ([`crate::run`]), commits (its commit thread), pauses and resumes (its flow thread).
 //! A connection without triggers runs none of this, only [`crate::produce::produce_only`]'s health probe.
 
-pub mod commit_thread;
+mod commit_thread;
 pub mod context;
-pub mod monitor;
+mod monitor;
 mod poll_loop;
 mod setup;
 pub mod supervisor;

@@ -31,7 +31,7 @@ use crate::telemetry::metrics;
 type Consumer_ = rdkafka::consumer::BaseConsumer<ConnectorContext>;
 
 /// How often stalls are looked for (and readiness refreshed).
-pub const STALL_CHECK: Duration = Duration::from_secs(1);
+pub(super) const STALL_CHECK: Duration = Duration::from_secs(1);
 
 /// How often the end offsets of paused partitions are queried for the lag metric.
 const PAUSED_END_PROBE: Duration = Duration::from_secs(5);
@@ -44,7 +44,7 @@ const PERMISSION_RECHECK: Duration = Duration::from_secs(10);
 
 /// What is known of a partition with a backlog and no progress, for [`stall_reason`].
 #[derive(Debug, Clone, Default)]
-pub struct StallFacts {
+pub(super) struct StallFacts {
     /// Messages waiting or in flight.
     pub backlog: usize,
     /// Since the commit offset last moved.
@@ -65,12 +65,12 @@ pub struct StallFacts {
 /// How long a partition may go without progress before it counts as stalled: `stall_after`,
 /// and for a batch trigger also the time its batch may wait for records (`max_wait_ms`), since
 /// a quiet partition's waiting batch makes no progress until then by design.
-pub fn stall_window(stall_after: Duration, batch: Option<&BatchLimits>) -> Duration {
+pub(super) fn stall_window(stall_after: Duration, batch: Option<&BatchLimits>) -> Duration {
     stall_after.saturating_add(batch.map_or(Duration::ZERO, |b| b.max_wait))
 }
 
 /// Why a partition is stalled, if it is: a backlog and no progress for `after`.
-pub fn stall_reason(f: &StallFacts, after: Duration) -> Option<String> {
+pub(super) fn stall_reason(f: &StallFacts, after: Duration) -> Option<String> {
     if f.backlog == 0 || f.without_progress < after {
         return None;
     }
@@ -99,7 +99,7 @@ pub fn stall_reason(f: &StallFacts, after: Duration) -> Option<String> {
 /// When to diagnose permissions: after an authorization refusal, and again every
 /// [`PERMISSION_RECHECK`] while some are reported missing.
 #[derive(Debug, Default)]
-pub struct PermissionCheck {
+pub(super) struct PermissionCheck {
     last: Option<Instant>,
     wanted: bool,
 }
@@ -107,7 +107,7 @@ pub struct PermissionCheck {
 impl PermissionCheck {
     /// Whether a diagnosis should start now; `refused`: a refusal was seen since the last
     /// call; `reported`: permissions are reported missing now.
-    pub fn due(&mut self, now: Instant, refused: bool, reported: bool) -> bool {
+    pub(super) fn due(&mut self, now: Instant, refused: bool, reported: bool) -> bool {
         self.wanted |= refused;
         let rested = self
             .last
@@ -122,7 +122,7 @@ impl PermissionCheck {
 }
 
 /// The monitor's state between checks.
-pub struct Monitor {
+pub(super) struct Monitor {
     name: String,
     health: HealthRegistry,
     registry: Option<Arc<RegistryClient>>,
@@ -139,7 +139,11 @@ pub struct Monitor {
 
 impl Monitor {
     /// A monitor reporting to `health` under `name`.
-    pub fn new(name: &str, health: HealthRegistry, registry: Option<Arc<RegistryClient>>) -> Self {
+    pub(super) fn new(
+        name: &str,
+        health: HealthRegistry,
+        registry: Option<Arc<RegistryClient>>,
+    ) -> Self {
         Self {
             name: name.to_owned(),
             health,
@@ -155,7 +159,7 @@ impl Monitor {
     }
 
     /// One check: stalls, probes, permissions, readiness.
-    pub fn check(
+    pub(super) fn check(
         &mut self,
         config: &ConnectionConfig,
         consumer: &Arc<Consumer_>,

@@ -16,7 +16,7 @@ pub mod committer;
 pub mod offsets;
 pub mod partitions;
 pub mod record_age;
-pub mod scheduler;
+mod scheduler;
 #[cfg(test)]
 mod simulation;
 mod starts;

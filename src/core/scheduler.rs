@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use crate::config::Ordering;
 
 /// A message key (None: no key; such messages form one sequence of their own).
-pub type Key = Option<Vec<u8>>;
+pub(super) type Key = Option<Vec<u8>>;
 
 /// A partition's waiting messages and the keys it has in flight. Every operation is O(1)
 /// (amortised): with `key` ordering each key has its own queue, and keys that may start are
