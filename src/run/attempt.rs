@@ -398,7 +398,12 @@ impl<Y: Fn()> Run<'_, Y> {
                 (group, Observed::Invalid, message, None, transient)
             }
             DispatchOutcome::Unauthorized { status, reason } => {
-                trigger.stop(&format!("dispatcher answered HTTP {status} ({reason})"));
+                // Status 0: the TLS handshake was refused (no HTTP answer at all); the
+                // reason says which side and what to check.
+                trigger.stop(&match status {
+                    0 => reason.clone(),
+                    _ => format!("dispatcher answered HTTP {status} ({reason})"),
+                });
                 let transient = most_transient(records, &group);
                 (
                     group,
