@@ -1,33 +1,11 @@
-//! The commit rule, in one place (pure: no consumer, no clock of its own).
-//!
-//! 1. A partition's commit offset comes from its [`OffsetTracker`](crate::core::offsets): the first
-//!    offset not yet handled (accepted, skipped or dead-lettered), with the offsets handled
-//!    above it in the metadata. Nothing else produces commit offsets.
-//! 2. A new commit is *wanted* as soon as the tracker's changes. Wanted commits go out in one
-//!    request at most every `interval` (10 ms), one request at a time, from the connection's
-//!    commit thread, off the runtime: never a commit per message. The thread waits for each
-//!    answer because librdkafka reports the result of an asynchronous manual commit to nobody
-//!    (only its log): without the answer a refused commit would be forgotten.
-//! 3. A wanted commit stays wanted until the broker confirms that exact offset and metadata.
-//!    One the broker refused (a rebalance: `ILLEGAL_GENERATION`, `REBALANCE_IN_PROGRESS`,
-//!    `UNKNOWN_MEMBER_ID`, a coordinator move, …) is sent again after a backoff, with the latest
-//!    state, until it is confirmed or its partition is revoked.
-//! 4. While the broker refuses commits, or a commit has been unanswered for
-//!    [`UNANSWERED_HOLD`], the supervisor starts no new run ([`Committer::holding`]): what is
-//!    accepted then could not be committed, and a crash would offer it again. The hold ends at
-//!    the first confirmed commit or a completed rebalance, or after `max_hold` so that a
-//!    broker refusing commits for ever does not stop dispatching for ever.
-//! 5. On revoke and shutdown the supervisor commits synchronously what the tracker holds then
-//!    (the latest state) and forgets the partition here.
-//! 6. One path. Every commit goes out through the commit thread, one request at a time, and
-//!    the final commit of a revoke or shutdown only once the request out was answered:
-//!    librdkafka's auto-commit is off and nothing else writes the group's offsets, so the
-//!    broker applies this member's commits in the order they were decided, and a live
-//!    member's committed offset never moves back. (A transactional fallback, which committed
-//!    the same offsets through a producer while the consumer's commits waited behind a
-//!    rejoin, was removed: its writes and the consumer's could land out of order, and the
-//!    chaos test saw a partition's committed offset move back. See docs/delivery.md for the
-//!    assignment to use instead.)
+//! Wanted commits and the broker's answers (pure: no consumer, no clock of its own): rules 2
+//! to 4 and 6 of the commit rule, stated once in docs/architecture.md ("The commit rule, in
+//! one place"). In short: a commit is wanted when a tracker's commit offset moves; wanted
+//! commits go out in one request at a time, at most every `interval`; one stays wanted until
+//! the broker confirms that offset and metadata, and a refused one is sent again after a
+//! backoff with the latest state; while the broker refuses, or a request has been unanswered
+//! for [`UNANSWERED_HOLD`], new runs wait ([`Committer::holding`]) for at most `max_hold`; a
+//! revoked partition's commit state is forgotten, so no late answer brings it back.
 
 use std::collections::HashMap;
 use std::time::Duration;
