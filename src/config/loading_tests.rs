@@ -159,7 +159,7 @@ fn an_unknown_log_level_is_refused() {
         "info",
         "WARN",
         "info,tessel_kafka=debug",
-        "librdkafka=off,tessel_kafka::kafka=trace",
+        "librdkafka=off,tessel_kafka::consumer=trace",
     ] {
         let text = format!("[log]\nlevel = \"{level}\"\n{MINIMAL}");
         assert!(
