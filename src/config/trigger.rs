@@ -20,7 +20,8 @@ pub struct TriggerConfig {
     pub workflow: String,
     /// Where runs are started.
     pub dispatcher: DispatcherConfig,
-    /// Runs in flight at most, across all partitions of the trigger's topics. Default 16.
+    /// Runs in flight at most, across all partitions of the trigger's topics. Default 16; at
+    /// most [`MAX_CONCURRENCY`].
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
     /// `key` (default): same key in order, different keys in parallel; `partition`: one run at
@@ -323,6 +324,12 @@ fn default_schema_not_found_ms() -> u64 {
 fn default_max_retry_after_ms() -> u64 {
     300_000
 }
+/// The most runs a trigger may have in flight. A partition whose gap is full stops starting
+/// runs, but those in flight still finish above the gap; with at most this many, every offset
+/// handled above it fits the commit metadata the next owner reads back (twice the gap bound,
+/// `core::offsets::MAX_METADATA_OFFSETS`), so an orderly handover repeats nothing.
+pub const MAX_CONCURRENCY: usize = 10_000;
+
 fn default_concurrency() -> usize {
     16
 }
@@ -355,10 +362,10 @@ impl TriggerConfig {
                 ));
             }
         }
-        if self.concurrency == 0 {
+        if self.concurrency == 0 || self.concurrency > MAX_CONCURRENCY {
             return Err(ConfigError::invalid(
                 format!("{key}.concurrency"),
-                "must be at least 1",
+                format!("must be from 1 to {MAX_CONCURRENCY}"),
             ));
         }
         if self.retry.initial_backoff_ms == 0

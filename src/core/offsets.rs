@@ -241,6 +241,11 @@ fn encode_metadata(offset: i64, above: &BTreeSet<i64>) -> String {
 /// to 10,000. A hostile text naming a million offsets now costs about 0.4 MB, not 20.
 pub const MAX_METADATA_OFFSETS: usize = 2 * MAX_TRACKED_ABOVE;
 
+// A full gap stops new runs; those in flight still finish above it. What the next owner keeps
+// of the metadata holds them for every concurrency the configuration allows, so an orderly
+// handover repeats nothing.
+const _: () = assert!(MAX_TRACKED_ABOVE + crate::config::MAX_CONCURRENCY <= MAX_METADATA_OFFSETS);
+
 /// The handled offsets recorded in `metadata`, if it was written for `offset`.
 ///
 /// Metadata is a hint from whoever last committed to the group, so it is validated and

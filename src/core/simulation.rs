@@ -95,7 +95,7 @@ struct Params {
 impl Params {
     fn from_seed(seed: u64) -> Self {
         let mut r = Rng(seed ^ 0x5EED);
-        Self {
+        let p = Self {
             seed,
             partitions: 1 + r.below(3) as i32,
             records: 20 + r.below(120) as usize,
@@ -110,6 +110,12 @@ impl Params {
             concurrency: 1 + r.below(8) as usize,
             per_partition: 2 + r.below(20) as usize,
             max_tracked_above: 2 + r.below(12) as usize,
+        };
+        // As the configuration guarantees (`config::MAX_CONCURRENCY`): a trigger's runs in
+        // flight fit the commit metadata's bound above a full gap.
+        Self {
+            max_tracked_above: p.max_tracked_above.max(p.concurrency),
+            ..p
         }
     }
 }
