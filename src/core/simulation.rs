@@ -55,78 +55,8 @@ const TOPIC: &str = "sim";
 /// How long a revoke waits for its runs (simulated milliseconds, one per step).
 const DRAIN_TIMEOUT: Duration = Duration::from_millis(300);
 
-/// splitmix64: small, fast, and the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
-/// The shape of one schedule, drawn from its seed (and made smaller when shrinking).
-#[derive(Clone, Copy, Debug)]
-struct Params {
-    seed: u64,
-    partitions: i32,
-    records: usize,
-    keys: u64,
-    members: usize,
-    /// Steps with faults (kills, handovers, parked keys); then only progress.
-    fault_steps: usize,
-    ordering: Ordering,
-    concurrency: usize,
-    per_partition: usize,
-    max_tracked_above: usize,
-}
-
-impl Params {
-    fn from_seed(seed: u64) -> Self {
-        let mut r = Rng(seed ^ 0x5EED);
-        let p = Self {
-            seed,
-            partitions: 1 + r.below(3) as i32,
-            records: 20 + r.below(120) as usize,
-            keys: 1 + r.below(8),
-            members: 1 + r.below(3) as usize,
-            fault_steps: 50 + r.below(400) as usize,
-            ordering: match r.below(3) {
-                0 => Ordering::Key,
-                1 => Ordering::Partition,
-                _ => Ordering::Unordered,
-            },
-            concurrency: 1 + r.below(8) as usize,
-            per_partition: 2 + r.below(20) as usize,
-            max_tracked_above: 2 + r.below(12) as usize,
-        };
-        // As the configuration guarantees (`config::MAX_CONCURRENCY`): a trigger's runs in
-        // flight fit the commit metadata's bound above a full gap.
-        Self {
-            max_tracked_above: p.max_tracked_above.max(p.concurrency),
-            ..p
-        }
-    }
-}
-
-/// One record of a partition's log: a data record, or one the consumer never returns (an
-/// aborted transaction's record or a transaction marker).
-#[derive(Clone, Copy, Debug)]
-struct LogRecord {
-    key: u64,
-    data: bool,
-}
+mod schedule;
+use schedule::{LogRecord, Params, Rng};
 
 /// A commit request on its way to the coordinator.
 struct Request {

@@ -1,0 +1,77 @@
+//! The shape of a simulated schedule, drawn from its seed: the random source, the
+//! parameters (made smaller when shrinking) and the records of the logs.
+
+use crate::config::Ordering;
+
+/// splitmix64: small, fast, and the same on every machine.
+pub(super) struct Rng(pub(super) u64);
+
+impl Rng {
+    pub(super) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub(super) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    pub(super) fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The shape of one schedule, drawn from its seed (and made smaller when shrinking).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Params {
+    pub(super) seed: u64,
+    pub(super) partitions: i32,
+    pub(super) records: usize,
+    pub(super) keys: u64,
+    pub(super) members: usize,
+    /// Steps with faults (kills, handovers, parked keys); then only progress.
+    pub(super) fault_steps: usize,
+    pub(super) ordering: Ordering,
+    pub(super) concurrency: usize,
+    pub(super) per_partition: usize,
+    pub(super) max_tracked_above: usize,
+}
+
+impl Params {
+    pub(super) fn from_seed(seed: u64) -> Self {
+        let mut r = Rng(seed ^ 0x5EED);
+        let p = Self {
+            seed,
+            partitions: 1 + r.below(3) as i32,
+            records: 20 + r.below(120) as usize,
+            keys: 1 + r.below(8),
+            members: 1 + r.below(3) as usize,
+            fault_steps: 50 + r.below(400) as usize,
+            ordering: match r.below(3) {
+                0 => Ordering::Key,
+                1 => Ordering::Partition,
+                _ => Ordering::Unordered,
+            },
+            concurrency: 1 + r.below(8) as usize,
+            per_partition: 2 + r.below(20) as usize,
+            max_tracked_above: 2 + r.below(12) as usize,
+        };
+        // As the configuration guarantees (`config::MAX_CONCURRENCY`): a trigger's runs in
+        // flight fit the commit metadata's bound above a full gap.
+        Self {
+            max_tracked_above: p.max_tracked_above.max(p.concurrency),
+            ..p
+        }
+    }
+}
+
+/// One record of a partition's log: a data record, or one the consumer never returns (an
+/// aborted transaction's record or a transaction marker).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LogRecord {
+    pub(super) key: u64,
+    pub(super) data: bool,
+}
