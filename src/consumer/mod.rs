@@ -19,6 +19,7 @@ pub mod commit_thread;
 pub mod context;
 pub mod monitor;
 mod poll_loop;
+mod queue_wake;
 mod setup;
 pub mod supervisor;
 mod threads;

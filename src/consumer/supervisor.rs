@@ -16,7 +16,7 @@ use super::{AssignedPartition, ConsumerEvent, EVENT_CHANNEL};
 use crate::admin::health::{HealthRegistry, Heartbeat};
 use crate::config::ConnectionConfig;
 use crate::consumer::commit_thread;
-use crate::consumer::monitor::{LagSeconds, Monitor, STALL_CHECK};
+use crate::consumer::monitor::{CheckClock, LagSeconds, Monitor};
 use crate::consumer::setup::{self, Consumer_, Trigger, Triggers};
 use crate::consumer::threads::{self, PollThread, Threads};
 use crate::core::committer::CommitResult;
@@ -102,12 +102,12 @@ impl ConnectionSupervisor {
             self.triggers.all.iter().map(|t| t.name.as_str()),
         );
         self.runs.register(&self.triggers.all);
-        // The stall check also bounds how long the loop goes without a turn when idle (1 s):
-        // the heartbeat says whether the loop is wedged (`/livez`).
-        let mut stall_check = tokio::time::interval(STALL_CHECK);
-        stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The health check also bounds how long the loop goes without a turn (1 s while busy,
+        // 10 s when idle): the heartbeat says whether the loop is wedged (`/livez`).
+        let mut check = CheckClock::new(Instant::now());
         let result = loop {
             self.heartbeat.beat();
+            check.busy_if(self.core.partitions());
             let wake = self.core.next_wake(Instant::now());
             tokio::select! {
                 biased;
@@ -120,11 +120,12 @@ impl ConnectionSupervisor {
                         self.on_worker_event(e);
                     }
                 }
-                _ = stall_check.tick() => {
+                _ = tokio::time::sleep_until(check.due()) => {
                     let (triggers, tasks) = (&self.triggers.all, &self.runs.tasks);
                     let partitions = self.core.partitions_mut();
                     self.monitor.check(&self.config, &self.consumer, partitions, triggers, tasks);
                     self.lag.report(&self.name, self.core.partitions());
+                    check.checked(Instant::now(), self.core.partitions());
                 }
                 _ = threads::sleep_until_opt(wake) => {}
                 Some(answer) = self.commit_answers.recv() => {

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::consumer::commit_thread::{self, CommitBatch};
 use crate::consumer::poll_loop::{self, FlowOp};
+use crate::consumer::queue_wake::Waker;
 use crate::consumer::setup::{Consumer_, SupervisorError};
 use crate::core::committer::CommitResult;
 use crate::dispatch::event::TopicPartition;
@@ -17,6 +18,7 @@ use crate::dispatch::event::TopicPartition;
 /// The poll thread of a connection, while it runs.
 pub(super) struct PollThread {
     stop: Arc<AtomicBool>,
+    waker: Waker,
     handle: std::thread::JoinHandle<()>,
 }
 
@@ -28,16 +30,21 @@ impl PollThread {
         events: mpsc::Sender<crate::consumer::ConsumerEvent>,
     ) -> Result<Self, SupervisorError> {
         let stop = Arc::new(AtomicBool::new(false));
-        let handle =
+        let (handle, waker) =
             poll_loop::spawn_poll_loop(name, Arc::clone(consumer), events, Arc::clone(&stop))
                 .map_err(|e| SupervisorError::Thread(name.to_owned(), e))?;
-        Ok(Self { stop, handle })
+        Ok(Self {
+            stop,
+            waker,
+            handle,
+        })
     }
 
     /// Stops polling and waits for the thread, which closes the consumer if it holds the
     /// last reference.
     pub(super) async fn join(self) {
         self.stop.store(true, AtomicOrdering::SeqCst);
+        self.waker.wake();
         let handle = self.handle;
         let _ = tokio::task::spawn_blocking(move || handle.join()).await;
     }
