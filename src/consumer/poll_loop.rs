@@ -165,35 +165,18 @@ fn positions(consumer: &BaseConsumer<ConnectorContext>) -> Option<Positions> {
     )
 }
 
-/// A pause or resume of partitions, for the flow thread.
+/// A pause or resume of partitions, for the ops thread.
+///
+/// librdkafka's pause and resume wait for each partition's broker thread to answer (and a
+/// pause purges what was prefetched), so made on the supervisor's task they held up the loop
+/// that starts runs: with the default buffer of 1,000 messages a partition the drain was
+/// capped near 14k events/s with two runs in flight. They are applied off the runtime, in
+/// the order decided.
 pub(crate) struct FlowOp {
     /// Pause (true) or resume (false).
     pub pause: bool,
     /// The partitions.
     pub partitions: rdkafka::TopicPartitionList,
-}
-
-/// Starts the connection's flow thread: it applies pauses and resumes in the order they were
-/// decided, off the runtime. librdkafka's pause and resume wait for each partition's broker
-/// thread to answer (and a pause purges what was prefetched), so made on the supervisor's task
-/// they held up the loop that starts runs: with the default buffer of 1,000 messages a
-/// partition the drain was capped near 14k events/s with two runs in flight. It ends when the
-/// sender is dropped.
-pub(crate) fn spawn_flow_thread(
-    connection: &str,
-    consumer: Arc<BaseConsumer<ConnectorContext>>,
-) -> std::io::Result<(std::sync::mpsc::Sender<FlowOp>, JoinHandle<()>)> {
-    let (tx, rx) = std::sync::mpsc::channel::<FlowOp>();
-    let name = connection.to_owned();
-    let handle = std::thread::Builder::new()
-        .name(format!("kafka-flow-{connection}"))
-        .spawn(move || {
-            while let Ok(op) = rx.recv() {
-                apply_flow(&name, &consumer, op);
-            }
-            drop(consumer);
-        })?;
-    Ok((tx, handle))
 }
 
 /// Pauses or resumes `op`'s partitions now, on this thread.

@@ -1,7 +1,7 @@
 //! The supervisor of one connection: the shell around the [consumer core](crate::core). It
-//! feeds the core the consumer's events, the runs' ends and the commit thread's answers, and
+//! feeds the core the consumer's events, the runs' ends and the ops thread's answers, and
 //! carries out the core's commands: runs started ([`crate::run`]), pauses and resumes (the
-//! flow thread), commit requests (the commit thread), a revoke's final commit and its
+//! ops thread), commit requests (the ops thread), a revoke's final commit and its
 //! acknowledgement. Every decision is the core's; this file only moves data.
 
 use std::sync::Arc;
@@ -178,7 +178,7 @@ impl ConnectionSupervisor {
         metrics::rebalance(&self.name, "assign");
         // librdkafka can keep a partition's pause flag across revoke and re-assign; a new
         // assignment starts unpaused, in librdkafka as in the core (behind any pause decided
-        // before the revoke, through the flow thread).
+        // before the revoke, through the ops thread).
         self.pause_or_resume(false, assigned.iter().map(|a| a.tp.clone()).collect());
         let slots = self.triggers.slots(&self.name, &self.config, assigned);
         self.core.on_assigned(Instant::now(), slots);
@@ -202,7 +202,7 @@ impl ConnectionSupervisor {
         }
     }
 
-    /// Carries out what the core decided. Fails when the commit thread is gone.
+    /// Carries out what the core decided. Fails when the ops thread is gone.
     async fn execute(&mut self) -> Result<(), SupervisorError> {
         let mut commands = std::mem::take(&mut self.commands);
         self.core.poll(Instant::now(), &mut commands);
@@ -258,7 +258,7 @@ impl ConnectionSupervisor {
     }
 
     async fn shut_down(mut self, poll_thread: PollThread) {
-        // The commit thread finishes its request and ends, so the final synchronous commit
+        // The ops thread finishes its request and ends, so the final synchronous commit
         // below is the last one the broker sees.
         if let Some(t) = self.threads.take() {
             t.join().await;
