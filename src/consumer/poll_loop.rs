@@ -76,7 +76,11 @@ fn poll_until_stopped(
     let mut last_activity = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         let active = last_activity.elapsed() < SETTLE;
-        wake.wait(if active { POLL_TIMEOUT } else { QUIET_POLL });
+        // librdkafka writes only when an element lands on an empty queue: with elements left
+        // (a full batch handed over) there is no wake-up to wait for.
+        if wake.queued() == 0 {
+            wake.wait(if active { POLL_TIMEOUT } else { QUIET_POLL });
+        }
         if stop.load(Ordering::SeqCst) {
             break;
         }
