@@ -16,7 +16,7 @@
 //! - [`produce`]: the idempotent producer, the produce API: encode, authorize, write.
 //! - [`run`]: one run of 1..n records: record age, decode, filter, dispatch, retry,
 //!   `on_error`, dead letters.
-//! - [`consumer`]: the shell around the core per connection: poll, commit and flow threads,
+//! - [`consumer`]: the shell around the core per connection: poll and ops (commit, pause, resume) threads,
 //!   the supervisor, the monitor.
 //! - [`admin`], [`app`], [`shutdown`]: running the daemon.
 //! - [`cli`], [`cli::commands`]: the command line and what each command does; [`fuzz`]: the

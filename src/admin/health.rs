@@ -1,8 +1,9 @@
 //! The daemon's health, as the admin server reports it:
 //!
 //! - liveness (`/livez`): every connection's event loop still turns. Each loop beats a
-//!   [`Heartbeat`] once per turn, and turns at least once a second even when idle (its stall
-//!   check is a 1 s timer), so a loop silent for [`LIVENESS_BOUND`] is wedged;
+//!   [`Heartbeat`] once per turn, and turns at least every 10 s even when idle (its health
+//!   check: every second while busy, every 10 s when idle), so a loop silent for
+//!   [`LIVENESS_BOUND`] is wedged;
 //! - per connection detail (`/health`): its assigned partitions, partitions that stalled (a
 //!   backlog and no progress for `stall_after_ms`) with the reason, triggers stopped by a
 //!   configuration error, broker and registry reachability. Supervisors write it; the admin
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 /// How long a connection's event loop may go without a turn before `/livez` fails. The loop
-/// turns at least once a second (its stall check), and what it awaits within a turn is
+/// turns at least every 10 s (its health check, every second while busy), and what it awaits within a turn is
 /// bounded by a few seconds (a synchronous commit on revoke, its retries), so 30 s means a
 /// loop that is stuck, not a busy one.
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(30);

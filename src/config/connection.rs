@@ -188,7 +188,7 @@ const OWNED_PROPERTIES: &[(&str, &str, &str)] = &[
     (
         "enable.auto.commit",
         "false",
-        "the connector commits itself, in order, only what was accepted (on its commit thread, and on revoke and shutdown)",
+        "the connector commits itself, in order, only what was accepted (one request at a time, and on revoke and shutdown)",
     ),
 ];
 

@@ -1,7 +1,8 @@
 //! The consumer calls of the commit rule ([`crate::core::committer`] decides, this sends): the
-//! connection's commit thread, which commits batches synchronously one request at a time off
-//! the runtime and reports the broker's verdict, and the final synchronous commit of a revoke
-//! or shutdown, which goes out only once the thread's request was answered (rule 6 of the
+//! connection's ops thread, which commits batches synchronously one request at a time off
+//! the runtime and reports the broker's verdict (and applies pauses and resumes, in the same
+//! order as the supervisor decided them), and the final synchronous commit of a revoke or
+//! shutdown, which goes out only once the thread's request was answered (rule 6 of the
 //! commit rule: one path).
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use crate::consumer::context::ConnectorContext;
+use crate::consumer::poll_loop::{apply_flow, FlowOp};
 use crate::core::committer::CommitResult;
 use crate::dispatch::event::TopicPartition;
 use crate::telemetry::metrics;
@@ -22,24 +24,38 @@ type Consumer_ = BaseConsumer<ConnectorContext>;
 
 pub(super) use crate::core::CommitBatch;
 
-/// Starts the connection's commit thread: it commits each batch synchronously (one request
-/// at a time, off the runtime) and answers with the broker's verdict per partition, which an
-/// asynchronous manual commit never reports (see [`crate::core::committer`]). It ends when the
-/// request sender is dropped.
-pub(super) fn spawn(
+/// What the ops thread does, in the order it was asked.
+pub(crate) enum Op {
+    /// Commit a batch and answer with the broker's verdict.
+    Commit(CommitBatch),
+    /// Pause or resume partitions.
+    Flow(FlowOp),
+}
+
+/// Starts the connection's ops thread: it commits each batch synchronously (one request at a
+/// time, off the runtime) and answers with the broker's verdict per partition, which an
+/// asynchronous manual commit never reports (see [`crate::core::committer`]); and it applies
+/// pauses and resumes (see [`apply_flow`]). One thread for both, in the order asked: a pause
+/// or resume waits at most for the commit request before it (a round trip), which a
+/// partition's half-full buffer covers. It ends when the sender is dropped.
+pub(crate) fn spawn(
     connection: &str,
     consumer: Arc<Consumer_>,
     answers: mpsc::UnboundedSender<Vec<CommitResult>>,
-) -> std::io::Result<(
-    std::sync::mpsc::Sender<CommitBatch>,
-    std::thread::JoinHandle<()>,
-)> {
-    let (tx, rx) = std::sync::mpsc::channel::<CommitBatch>();
+) -> std::io::Result<(std::sync::mpsc::Sender<Op>, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = std::sync::mpsc::channel::<Op>();
     let name = connection.to_owned();
     let handle = std::thread::Builder::new()
-        .name(format!("kafka-commit-{connection}"))
+        .name(format!("kafka-ops-{connection}"))
         .spawn(move || {
-            while let Ok(batch) = rx.recv() {
+            while let Ok(op) = rx.recv() {
+                let batch = match op {
+                    Op::Commit(batch) => batch,
+                    Op::Flow(op) => {
+                        apply_flow(&name, &consumer, op);
+                        continue;
+                    }
+                };
                 let tpl = tpl_of(&batch);
                 let refused = match consumer.commit(&tpl, CommitMode::Sync) {
                     Ok(())

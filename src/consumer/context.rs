@@ -7,7 +7,7 @@
 //! deadline). It never decodes, dispatches or takes a lock itself.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,6 +54,8 @@ pub struct ConnectorContext {
     /// Whether a partition without a committed offset is read from its end
     /// (`auto.offset.reset` latest), rather than from its beginning.
     start_at_end: bool,
+    /// Rebalances seen (assignments and revocations): the poll thread stays active after one.
+    rebalances: AtomicU64,
 }
 
 impl ConnectorContext {
@@ -74,7 +76,13 @@ impl ConnectorContext {
             paused_ends: Mutex::new(HashMap::new()),
             assigned: Mutex::new(HashMap::new()),
             start_at_end: false,
+            rebalances: AtomicU64::new(0),
         }
+    }
+
+    /// How many rebalances (assignments, revocations) the consumer went through.
+    pub(crate) fn rebalances(&self) -> u64 {
+        self.rebalances.load(Ordering::SeqCst)
     }
 
     /// Says where the group starts reading a partition it never committed: at its end when
@@ -270,6 +278,7 @@ impl ConsumerContext for ConnectorContext {
     }
 
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        self.rebalances.fetch_add(1, Ordering::SeqCst);
         let Rebalance::Revoke(tpl) = rebalance else {
             return;
         };

@@ -12,13 +12,14 @@
 //! # Threads
 //! One OS thread per connection polls librdkafka ([`poll_loop`]); callbacks only hand events
 //! to the async [`supervisor`], which feeds the core and carries out its commands: runs
-//! ([`crate::run`]), commits (its commit thread), pauses and resumes (its flow thread).
+//! ([`crate::run`]), commits, pauses and resumes (its ops thread, in order).
 //! A connection without triggers runs none of this, only [`crate::produce::produce_only`]'s health probe.
 
 mod commit_thread;
 pub mod context;
 mod monitor;
 mod poll_loop;
+mod queue_wake;
 mod setup;
 pub mod supervisor;
 mod threads;

@@ -33,6 +33,58 @@ type Consumer_ = rdkafka::consumer::BaseConsumer<ConnectorContext>;
 /// How often stalls are looked for (and readiness refreshed).
 pub(super) const STALL_CHECK: Duration = Duration::from_secs(1);
 
+/// How often the health of an idle connection is checked (its event loop's only timer then):
+/// a third of [`LIVENESS_BOUND`](crate::admin::health::LIVENESS_BOUND), so an idle loop
+/// still turns well within it.
+pub(super) const IDLE_CHECK: Duration = Duration::from_secs(10);
+
+/// When a connection's health is checked next: every [`STALL_CHECK`] while it is busy
+/// (messages buffered, runs in flight) or has nothing assigned (starting, failing, or a
+/// member without partitions, whose assignment `/health` should show at once), every
+/// [`IDLE_CHECK`] once idle. An idle connection so wakes its event loop every 10 s, not
+/// every second.
+#[derive(Debug)]
+pub(super) struct CheckClock {
+    last: Instant,
+    busy: bool,
+}
+
+impl CheckClock {
+    /// A clock whose first check is due at once.
+    pub(super) fn new(now: Instant) -> Self {
+        Self {
+            last: now.checked_sub(IDLE_CHECK).unwrap_or(now),
+            busy: true,
+        }
+    }
+
+    /// When the next check is due.
+    pub(super) fn due(&self) -> Instant {
+        self.last + if self.busy { STALL_CHECK } else { IDLE_CHECK }
+    }
+
+    /// Notes a turn of the loop: a connection that became busy is checked every second.
+    pub(super) fn busy_if<T: Clone>(&mut self, partitions: &PartitionSet<T>) {
+        if !self.busy {
+            self.busy = is_busy(partitions);
+        }
+    }
+
+    /// A check was made at `now`.
+    pub(super) fn checked<T: Clone>(&mut self, now: Instant, partitions: &PartitionSet<T>) {
+        self.checked_when(now, is_busy(partitions));
+    }
+
+    fn checked_when(&mut self, now: Instant, busy: bool) {
+        self.last = now;
+        self.busy = busy;
+    }
+}
+
+fn is_busy<T: Clone>(partitions: &PartitionSet<T>) -> bool {
+    partitions.is_empty() || partitions.buffered_bytes() > 0 || partitions.in_flight() > 0
+}
+
 /// How often the end offsets of paused partitions are queried for the lag metric.
 const PAUSED_END_PROBE: Duration = Duration::from_secs(5);
 
@@ -487,6 +539,29 @@ mod tests {
 
     fn stalled(f: StallFacts) -> Option<String> {
         stall_reason(&f, AFTER)
+    }
+
+    /// An idle connection's loop wakes every 10 s, not every second, and still turns well
+    /// within the liveness bound (`/livez` must not call an idle loop wedged); it is checked
+    /// every second again as soon as it is busy.
+    #[test]
+    fn an_idle_connection_is_checked_every_ten_seconds_and_a_busy_one_every_second() {
+        use crate::admin::health::LIVENESS_BOUND;
+        assert!(IDLE_CHECK * 3 <= LIVENESS_BOUND);
+        let t0 = Instant::now();
+        let mut clock = CheckClock::new(t0);
+        assert!(clock.due() <= t0, "the first check is due at once");
+        clock.checked_when(t0, true);
+        assert_eq!(clock.due(), t0 + STALL_CHECK);
+        clock.checked_when(t0 + STALL_CHECK, false);
+        assert_eq!(clock.due(), t0 + STALL_CHECK + IDLE_CHECK);
+        // Nothing assigned: busy (the assignment shows in /health within a second).
+        clock.busy_if(&PartitionSet::<()>::new(crate::core::partitions::Limits {
+            per_partition: 10,
+            max_bytes: 1000,
+            max_tracked_above: 10,
+        }));
+        assert_eq!(clock.due(), t0 + STALL_CHECK * 2);
     }
 
     #[test]

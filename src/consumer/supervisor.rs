@@ -1,7 +1,7 @@
 //! The supervisor of one connection: the shell around the [consumer core](crate::core). It
-//! feeds the core the consumer's events, the runs' ends and the commit thread's answers, and
+//! feeds the core the consumer's events, the runs' ends and the ops thread's answers, and
 //! carries out the core's commands: runs started ([`crate::run`]), pauses and resumes (the
-//! flow thread), commit requests (the commit thread), a revoke's final commit and its
+//! ops thread), commit requests (the ops thread), a revoke's final commit and its
 //! acknowledgement. Every decision is the core's; this file only moves data.
 
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use super::{AssignedPartition, ConsumerEvent, EVENT_CHANNEL};
 use crate::admin::health::{HealthRegistry, Heartbeat};
 use crate::config::ConnectionConfig;
 use crate::consumer::commit_thread;
-use crate::consumer::monitor::{LagSeconds, Monitor, STALL_CHECK};
+use crate::consumer::monitor::{CheckClock, LagSeconds, Monitor};
 use crate::consumer::setup::{self, Consumer_, Trigger, Triggers};
 use crate::consumer::threads::{self, PollThread, Threads};
 use crate::core::committer::CommitResult;
@@ -102,12 +102,12 @@ impl ConnectionSupervisor {
             self.triggers.all.iter().map(|t| t.name.as_str()),
         );
         self.runs.register(&self.triggers.all);
-        // The stall check also bounds how long the loop goes without a turn when idle (1 s):
-        // the heartbeat says whether the loop is wedged (`/livez`).
-        let mut stall_check = tokio::time::interval(STALL_CHECK);
-        stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The health check also bounds how long the loop goes without a turn (1 s while busy,
+        // 10 s when idle): the heartbeat says whether the loop is wedged (`/livez`).
+        let mut check = CheckClock::new(Instant::now());
         let result = loop {
             self.heartbeat.beat();
+            check.busy_if(self.core.partitions());
             let wake = self.core.next_wake(Instant::now());
             tokio::select! {
                 biased;
@@ -120,11 +120,12 @@ impl ConnectionSupervisor {
                         self.on_worker_event(e);
                     }
                 }
-                _ = stall_check.tick() => {
+                _ = tokio::time::sleep_until(check.due()) => {
                     let (triggers, tasks) = (&self.triggers.all, &self.runs.tasks);
                     let partitions = self.core.partitions_mut();
                     self.monitor.check(&self.config, &self.consumer, partitions, triggers, tasks);
                     self.lag.report(&self.name, self.core.partitions());
+                    check.checked(Instant::now(), self.core.partitions());
                 }
                 _ = threads::sleep_until_opt(wake) => {}
                 Some(answer) = self.commit_answers.recv() => {
@@ -177,7 +178,7 @@ impl ConnectionSupervisor {
         metrics::rebalance(&self.name, "assign");
         // librdkafka can keep a partition's pause flag across revoke and re-assign; a new
         // assignment starts unpaused, in librdkafka as in the core (behind any pause decided
-        // before the revoke, through the flow thread).
+        // before the revoke, through the ops thread).
         self.pause_or_resume(false, assigned.iter().map(|a| a.tp.clone()).collect());
         let slots = self.triggers.slots(&self.name, &self.config, assigned);
         self.core.on_assigned(Instant::now(), slots);
@@ -201,7 +202,7 @@ impl ConnectionSupervisor {
         }
     }
 
-    /// Carries out what the core decided. Fails when the commit thread is gone.
+    /// Carries out what the core decided. Fails when the ops thread is gone.
     async fn execute(&mut self) -> Result<(), SupervisorError> {
         let mut commands = std::mem::take(&mut self.commands);
         self.core.poll(Instant::now(), &mut commands);
@@ -257,7 +258,7 @@ impl ConnectionSupervisor {
     }
 
     async fn shut_down(mut self, poll_thread: PollThread) {
-        // The commit thread finishes its request and ends, so the final synchronous commit
+        // The ops thread finishes its request and ends, so the final synchronous commit
         // below is the last one the broker sees.
         if let Some(t) = self.threads.take() {
             t.join().await;
