@@ -48,6 +48,14 @@ const REGRESSION_SEEDS: &[u64] = &[
     // A refusal for a partition revoked since its request went out held every new run for
     // the hold limit, with nothing left to confirm (such a refusal is ignored).
     626, 811,
+    // More runs in flight than the gap bound: the offsets they handled above a full gap
+    // overflowed what the next owner keeps of the commit metadata, and an orderly handover
+    // repeated them (a trigger's concurrency is now at most the gap bound).
+    102702, 104127, 105509, 106706, 107882, 110777,
+    // A revoke that gave up on a run at its drain deadline (the run finished and was
+    // accepted later, and the next owner ran it again) was not counted in the repeat bound:
+    // a gap of the simulator, not of the core.
+    1129485, 5727163, 8923594, 9672049,
 ];
 
 const TOPIC: &str = "sim";
@@ -424,7 +432,13 @@ impl Sim {
                         commits,
                     });
                 }
-                Command::FinishRevoke(end) => self.finish_revoke(m, &end.partitions, end.commit),
+                Command::FinishRevoke(end) => {
+                    // Runs still in flight when the drain deadline passed are abandoned: the
+                    // next owner dispatches them again, and one the dispatcher accepts late
+                    // is then a repeat, as a kill's runs in flight are.
+                    self.repeat_bound += end.abandoned as u64;
+                    self.finish_revoke(m, &end.partitions, end.commit);
+                }
                 Command::Flow { .. } | Command::Hold(_) => {}
             }
         }
