@@ -88,8 +88,16 @@ fn poll_until_stopped(
         // supervisor) per batch, not per message. A poll that served an event (a log,
         // statistics, a rebalance) returns nothing, so the queue's length says when to stop;
         // a poll of an empty queue re-arms the eventfd.
+        //
+        // A poll that served a rebalance ends the batch: the positions are read before any
+        // later poll can move them, so a new assignment's first position is librdkafka's
+        // "none yet", which tells the core it started from the commit. Polling on could
+        // consume a transaction marker or an aborted tail of the new assignment first (each
+        // moves the position as it is polled), and a position ahead of the commit with no
+        // message of the assignment is not trusted: the commit would stay behind the marker.
         let mut batch = Vec::new();
         let mut error = None;
+        let mut rebalanced = false;
         while batch.len() < BATCH {
             match consumer.poll(Duration::ZERO) {
                 Some(Ok(msg)) => batch.push(msg.detach()),
@@ -97,15 +105,22 @@ fn poll_until_stopped(
                     error = Some(e);
                     break;
                 }
-                None if wake.queued() == 0 => break,
-                None => {}
+                None => {
+                    let now_rebalances = consumer.context().rebalances();
+                    if now_rebalances != rebalances {
+                        rebalances = now_rebalances;
+                        rebalanced = true;
+                        break;
+                    }
+                    if wake.queued() == 0 {
+                        break;
+                    }
+                }
             }
         }
         let idle = batch.is_empty() && error.is_none();
-        let now_rebalances = consumer.context().rebalances();
-        if !idle || now_rebalances != rebalances {
+        if !idle || rebalanced {
             last_activity = Instant::now();
-            rebalances = now_rebalances;
         }
         if !batch.is_empty()
             && events
@@ -120,7 +135,9 @@ fn poll_until_stopped(
             }
         }
         // While active as before; once quiet, every QUIET_POLL, and sent only when they moved.
-        let due = if active || last_activity.elapsed() < SETTLE {
+        let due = if rebalanced {
+            true
+        } else if active || last_activity.elapsed() < SETTLE {
             idle || last_positions.elapsed() >= POSITION_INTERVAL
         } else {
             last_positions.elapsed() >= QUIET_POLL
