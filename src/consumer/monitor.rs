@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::consumer::Consumer as _;
-use tokio::time::Instant;
+use std::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::consumer::context::ConnectorContext;
@@ -24,7 +24,9 @@ use crate::admin::health::{ConnectionHealth, HealthRegistry};
 use crate::codec::registry::RegistryClient;
 use crate::config::ConnectionConfig;
 use crate::core::partitions::{Arrival, PartitionId, PartitionSet};
+use crate::core::shell::Shell;
 use crate::dispatch::event::TopicPartition;
+use crate::run::spawn::KafkaShell;
 use crate::run::TriggerRuntime;
 use crate::telemetry::metrics;
 
@@ -64,14 +66,14 @@ impl CheckClock {
     }
 
     /// Notes a turn of the loop: a connection that became busy is checked every second.
-    pub(super) fn busy_if<T: Clone>(&mut self, partitions: &PartitionSet<T>) {
+    pub(super) fn busy_if<S: Shell>(&mut self, partitions: &PartitionSet<S>) {
         if !self.busy {
             self.busy = is_busy(partitions);
         }
     }
 
     /// A check was made at `now`.
-    pub(super) fn checked<T: Clone>(&mut self, now: Instant, partitions: &PartitionSet<T>) {
+    pub(super) fn checked<S: Shell>(&mut self, now: Instant, partitions: &PartitionSet<S>) {
         self.checked_when(now, is_busy(partitions));
     }
 
@@ -81,7 +83,7 @@ impl CheckClock {
     }
 }
 
-fn is_busy<T: Clone>(partitions: &PartitionSet<T>) -> bool {
+fn is_busy<S: Shell>(partitions: &PartitionSet<S>) -> bool {
     partitions.is_empty() || partitions.buffered_bytes() > 0 || partitions.in_flight() > 0
 }
 
@@ -215,7 +217,7 @@ impl Monitor {
         &mut self,
         config: &ConnectionConfig,
         consumer: &Arc<Consumer_>,
-        partitions: &mut PartitionSet<Arc<TriggerRuntime>>,
+        partitions: &mut PartitionSet<KafkaShell>,
         triggers: &[Arc<TriggerRuntime>],
         tasks: &TaskTracker,
     ) {
@@ -357,7 +359,7 @@ impl Monitor {
     fn probe_paused_ends(
         &mut self,
         consumer: &Arc<Consumer_>,
-        partitions: &PartitionSet<Arc<TriggerRuntime>>,
+        partitions: &PartitionSet<KafkaShell>,
     ) {
         if self
             .last_paused_end_probe
@@ -405,9 +407,9 @@ pub(super) struct LagSeconds(HashMap<PartitionId, crate::core::record_age::Unhan
 
 impl LagSeconds {
     /// A record at `offset` stamped `timestamp_ms` was queued in partition `id`.
-    pub(super) fn queued<T: Clone>(
+    pub(super) fn queued<S: Shell>(
         &mut self,
-        partitions: &PartitionSet<T>,
+        partitions: &PartitionSet<S>,
         id: PartitionId,
         offset: i64,
         timestamp_ms: Option<i64>,
@@ -421,7 +423,7 @@ impl LagSeconds {
 
     /// Reports each assigned partition's lag in seconds: the age of its oldest record
     /// received and not yet handled.
-    pub(super) fn report<T: Clone>(&mut self, connection: &str, partitions: &PartitionSet<T>) {
+    pub(super) fn report<S: Shell>(&mut self, connection: &str, partitions: &PartitionSet<S>) {
         let now = crate::core::record_age::now_ms();
         for p in partitions.iter() {
             let Some(id) = partitions.id_of(&p.tp.topic, p.tp.partition) else {
@@ -441,10 +443,10 @@ impl LagSeconds {
     }
 
     /// `revoked` left the assignment (and `partitions`).
-    pub(super) fn forget<T: Clone>(
+    pub(super) fn forget<S: Shell>(
         &mut self,
         connection: &str,
-        partitions: &PartitionSet<T>,
+        partitions: &PartitionSet<S>,
         revoked: &[TopicPartition],
     ) {
         self.0.retain(|id, _| partitions.get(*id).is_some());
@@ -458,7 +460,7 @@ impl LagSeconds {
 /// each queued record's timestamp noted for the lag in seconds, the others logged.
 pub(super) fn intake(
     connection: &str,
-    core: &mut crate::core::Core<Arc<TriggerRuntime>>,
+    core: &mut crate::core::Core<KafkaShell>,
     lag: &mut LagSeconds,
     batch: Vec<rdkafka::message::OwnedMessage>,
 ) {
@@ -486,8 +488,8 @@ pub(super) fn intake(
 /// Logs a message that was not queued.
 fn log_arrival(
     connection: &str,
-    partitions: &PartitionSet<Arc<TriggerRuntime>>,
-    arrival: &Arrival,
+    partitions: &PartitionSet<KafkaShell>,
+    arrival: &Arrival<rdkafka::message::OwnedMessage>,
     offset: i64,
 ) {
     match arrival {
@@ -556,11 +558,13 @@ mod tests {
         clock.checked_when(t0 + STALL_CHECK, false);
         assert_eq!(clock.due(), t0 + STALL_CHECK + IDLE_CHECK);
         // Nothing assigned: busy (the assignment shows in /health within a second).
-        clock.busy_if(&PartitionSet::<()>::new(crate::core::partitions::Limits {
-            per_partition: 10,
-            max_bytes: 1000,
-            max_tracked_above: 10,
-        }));
+        clock.busy_if(&PartitionSet::<KafkaShell>::new(
+            crate::core::partitions::Limits {
+                per_partition: 10,
+                max_bytes: 1000,
+                max_tracked_above: 10,
+            },
+        ));
         assert_eq!(clock.due(), t0 + STALL_CHECK * 2);
     }
 

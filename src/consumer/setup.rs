@@ -17,6 +17,7 @@ use crate::core::partitions::{Limits, TriggerSlot};
 use crate::core::Core;
 use crate::dispatch::retry::Backoff;
 use crate::dispatch::HttpDispatcher;
+use crate::run::spawn::KafkaShell;
 use crate::run::TriggerRuntime;
 use thiserror::Error;
 
@@ -100,9 +101,9 @@ impl SharedClients {
 /// A connection's triggers, by topic and by name.
 pub(super) struct Triggers {
     /// Each topic's trigger (topics matched by a pattern are added when first assigned).
-    by_topic: HashMap<String, TriggerSlot<Trigger>>,
+    by_topic: HashMap<String, TriggerSlot<KafkaShell>>,
     /// Each trigger by name.
-    by_name: HashMap<String, TriggerSlot<Trigger>>,
+    by_name: HashMap<String, TriggerSlot<KafkaShell>>,
     /// Every trigger once, by index.
     pub(super) all: Vec<Trigger>,
 }
@@ -126,14 +127,13 @@ impl Triggers {
         for (tname, t) in &config.triggers {
             let dispatcher = HttpDispatcher::try_new(&t.dispatcher)
                 .map_err(|e| setup(format!("trigger {tname} dispatcher: {e}")))?;
-            let permits = Arc::new(Semaphore::new(t.concurrency));
             let runtime = Arc::new(TriggerRuntime {
                 connection: name.to_owned(),
                 group: config.group_id().to_owned(),
                 name: tname.clone(),
                 config: t.clone(),
                 dispatcher,
-                permits: Arc::clone(&permits),
+                permits: Arc::new(Semaphore::new(t.concurrency)),
                 backoff: Backoff::from(&t.retry),
                 decoder: decoder.clone(),
                 producer: producer.clone(),
@@ -154,7 +154,6 @@ impl Triggers {
             let slot = TriggerSlot {
                 index: triggers.len(),
                 ordering: t.ordering,
-                permits,
                 runtime: Arc::clone(&runtime),
                 batch: t.batch.as_ref().map(crate::core::batch::BatchLimits::from),
             };
@@ -181,7 +180,7 @@ impl Triggers {
         connection: &str,
         config: &ConnectionConfig,
         assigned: Vec<AssignedPartition>,
-    ) -> Vec<(AssignedPartition, TriggerSlot<Trigger>)> {
+    ) -> Vec<(AssignedPartition, TriggerSlot<KafkaShell>)> {
         let mut slots = Vec::with_capacity(assigned.len());
         for a in assigned {
             let (topic, partition) = (&a.tp.topic, a.tp.partition);
@@ -201,7 +200,7 @@ impl Triggers {
         connection: &str,
         config: &ConnectionConfig,
         topic: &str,
-    ) -> Option<TriggerSlot<Trigger>> {
+    ) -> Option<TriggerSlot<KafkaShell>> {
         if let Some(slot) = self.by_topic.get(topic) {
             return Some(slot.clone());
         }
@@ -228,7 +227,7 @@ const COMMIT_INTERVAL: Duration = Duration::from_millis(10);
 const COMMIT_HOLD_LIMIT: Duration = Duration::from_secs(60);
 
 /// The consumer core of a connection, with its limits.
-pub(super) fn core(config: &ConnectionConfig) -> Core<Trigger> {
+pub(super) fn core(config: &ConnectionConfig) -> Core<KafkaShell> {
     let limits = Limits {
         per_partition: config.max_buffered_per_partition,
         max_bytes: config.max_buffered_bytes,

@@ -1,15 +1,15 @@
 //! The supervisor of one connection: the shell around the [consumer core](crate::core). It
 //! feeds the core the consumer's events, the runs' ends and the ops thread's answers, and
-//! carries out the core's commands: runs started ([`crate::run`]), pauses and resumes (the
-//! ops thread), commit requests (the ops thread), a revoke's final commit and its
+//! carries out the core's commands: runs started and signalled ([`crate::run`]), pauses,
+//! resumes and commit requests (the ops thread), a revoke's final commit and its
 //! acknowledgement. Every decision is the core's; this file only moves data.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::Consumer;
+use std::time::Instant;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{AssignedPartition, ConsumerEvent, EVENT_CHANNEL};
@@ -17,12 +17,12 @@ use crate::admin::health::{HealthRegistry, Heartbeat};
 use crate::config::ConnectionConfig;
 use crate::consumer::commit_thread;
 use crate::consumer::monitor::{CheckClock, LagSeconds, Monitor};
-use crate::consumer::setup::{self, Consumer_, Trigger, Triggers};
+use crate::consumer::setup::{self, Consumer_, Triggers};
 use crate::consumer::threads::{self, PollThread, Threads};
 use crate::core::committer::CommitResult;
 use crate::core::{Command, Core, RevokeEnd};
 use crate::dispatch::event::TopicPartition;
-use crate::run::spawn::{Runs, WorkerEvent};
+use crate::run::spawn::{KafkaShell, Runs, WorkerEvent};
 use crate::telemetry::metrics;
 
 pub use crate::consumer::setup::{SharedClients, SupervisorError};
@@ -38,9 +38,9 @@ pub struct ConnectionSupervisor {
     events: mpsc::Receiver<ConsumerEvent>,
     events_tx: mpsc::Sender<ConsumerEvent>,
     triggers: Triggers,
-    core: Core<Trigger>,
+    core: Core<KafkaShell>,
     /// Reused between polls of the core.
-    commands: Vec<Command<Trigger>>,
+    commands: Vec<Command<KafkaShell>>,
     runs: Runs,
     completions: mpsc::UnboundedReceiver<WorkerEvent>,
     /// None before `run` and after shutdown began.
@@ -120,7 +120,7 @@ impl ConnectionSupervisor {
                         self.on_worker_event(e);
                     }
                 }
-                _ = tokio::time::sleep_until(check.due()) => {
+                _ = threads::sleep_until_opt(Some(check.due())) => {
                     let (triggers, tasks) = (&self.triggers.all, &self.runs.tasks);
                     let partitions = self.core.partitions_mut();
                     self.monitor.check(&self.config, &self.consumer, partitions, triggers, tasks);
@@ -210,6 +210,7 @@ impl ConnectionSupervisor {
         for command in commands.drain(..) {
             match command {
                 Command::Start(start) => self.runs.spawn(start),
+                Command::Signal(signal) => self.runs.signal(signal),
                 Command::Flow { pause, partitions } => {
                     self.pause_or_resume(pause, partitions);
                     paused_or_resumed = true;
@@ -270,14 +271,14 @@ impl ConnectionSupervisor {
         while self.core.partitions().in_flight() > 0 {
             tokio::select! {
                 Some(e) = self.completions.recv() => self.on_worker_event(e),
-                _ = tokio::time::sleep_until(deadline) => {
+                _ = threads::sleep_until_opt(Some(deadline)) => {
                     let in_flight = self.core.partitions().in_flight();
                     tracing::warn!(connection = %self.name, in_flight, "drain deadline passed; unfinished runs will be dispatched again");
                     break;
                 }
             }
         }
-        self.core.partitions().cancel_all();
+        self.runs.abandon_all();
         // The consumer is still a member (librdkafka's threads run the group protocol): a
         // commit refused while the group rebalances is tried again once the rebalance ends.
         let commits = self.core.stop_commit();
@@ -290,8 +291,7 @@ impl ConnectionSupervisor {
         }
         self.consumer.context().set_closing();
         self.runs.tasks.close();
-        // The poll thread must hold the last reference so that closing (which may run
-        // callbacks) happens off the runtime.
+        // The poll thread holds the last reference: closing (callbacks) runs off the runtime.
         drop(self.consumer);
         drop(self.events);
         poll_thread.join().await;

@@ -111,9 +111,9 @@ pub(super) fn pause_or_resume(
 }
 
 /// Sleeps until `deadline`, or for ever without one.
-pub(super) async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+pub(super) async fn sleep_until_opt(deadline: Option<std::time::Instant>) {
     match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
+        Some(d) => tokio::time::sleep_until(d.into()).await,
         None => std::future::pending().await,
     }
 }

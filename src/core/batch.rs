@@ -6,9 +6,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::config::BatchConfig;
+use crate::core::shell::Record;
 
 /// A trigger's batch bounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,12 +85,11 @@ pub fn idempotency_key(
 /// `last` ([`idempotency_key`]), or, resent after a 409, its [`conflict_key`] with `nonce`.
 pub fn request_key(
     group: &str,
-    first: &rdkafka::message::OwnedMessage,
-    last: &rdkafka::message::OwnedMessage,
+    first: &impl Record,
+    last: &impl Record,
     count: usize,
     conflict_nonce: Option<u64>,
 ) -> String {
-    use rdkafka::message::Message as _;
     let (topic, partition) = (first.topic(), first.partition());
     let key = idempotency_key(
         group,

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::dispatch::event::TopicPartition;
 

@@ -5,8 +5,11 @@
 //! partitions, send a commit request, finish a revoke (its final commit, then the
 //! acknowledgement). [`Core::next_wake`] says when to poll again if nothing happens.
 //!
-//! The core does no I/O and keeps no clock: the supervisor (the shell) feeds it from the
-//! consumer, the runs and the commit thread, and carries out its commands; the simulator
+//! The core does no I/O, keeps no clock and holds no task, channel, lock or client: the
+//! supervisor (the shell) feeds it from the consumer, the runs and the commit thread, and
+//! carries out its commands. Records, triggers and permits are the shell's types, which the
+//! core does not look into ([`Shell`]); what runs already started are to do goes out as a
+//! [`RunSignal`]. The simulator
 //! (`simulation.rs`) drives the same core against a simulated group coordinator. The parts
 //! it joins are pure too: the [partition set](partitions) (what may start, when to
 //! pause) and the [`committer`] (the commit rule, docs/architecture.md).
@@ -17,18 +20,20 @@ pub mod offsets;
 pub mod partitions;
 pub mod record_age;
 mod scheduler;
+pub mod shell;
 #[cfg(test)]
 mod simulation;
 mod starts;
+#[cfg(test)]
+pub(crate) mod testing;
 
-use std::time::Duration;
-
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::core::committer::{CommitResult, Committer};
 use crate::core::partitions::{
     Actions, Arrival, Limits, PartitionId, PartitionSet, Start, TriggerSlot,
 };
+use crate::core::shell::{RunSignal, Shell};
 use crate::dispatch::event::TopicPartition;
 
 /// A newly assigned partition and where the group left it.
@@ -46,9 +51,11 @@ pub struct AssignedPartition {
 pub type CommitBatch = Vec<(TopicPartition, i64, String)>;
 
 /// What the shell is to do, in order.
-pub enum Command<T> {
+pub enum Command<S: Shell> {
     /// Start this run.
-    Start(Start<T>),
+    Start(Start<S>),
+    /// Tell the runs of an assignment to stop retrying, or to give up.
+    Signal(RunSignal),
     /// Pause fetching these partitions (their buffers are full), or resume them.
     Flow {
         /// Pause (true) or resume (false).
@@ -99,8 +106,8 @@ struct Revoke {
 }
 
 /// One connection's consumer state.
-pub struct Core<T> {
-    partitions: PartitionSet<T>,
+pub struct Core<S: Shell> {
+    partitions: PartitionSet<S>,
     committer: Committer,
     /// Whether new runs wait for commits to get through (last decided).
     holding: bool,
@@ -110,12 +117,12 @@ pub struct Core<T> {
     /// Set by [`Core::on_stop`]: nothing starts but the batches flushed then.
     stopping: bool,
     /// Commands decided outside [`Core::poll`] (a revoke's flushed batches), handed out by it.
-    pending: Vec<Command<T>>,
+    pending: Vec<Command<S>>,
     /// Reused between polls.
-    actions: Actions<T>,
+    actions: Actions<S>,
 }
 
-impl<T: Clone> Core<T> {
+impl<S: Shell> Core<S> {
     /// A core with these buffer limits; commits at most every `commit_interval`; new runs
     /// wait at most `hold_limit` for refused commits; a revoke waits at most `drain_timeout`.
     pub fn new(
@@ -137,12 +144,12 @@ impl<T: Clone> Core<T> {
     }
 
     /// The partitions, for reports (stalls, lag, health).
-    pub fn partitions(&self) -> &PartitionSet<T> {
+    pub fn partitions(&self) -> &PartitionSet<S> {
         &self.partitions
     }
 
     /// The partitions, for the stall check (it marks progress).
-    pub fn partitions_mut(&mut self) -> &mut PartitionSet<T> {
+    pub fn partitions_mut(&mut self) -> &mut PartitionSet<S> {
         &mut self.partitions
     }
 
@@ -157,7 +164,7 @@ impl<T: Clone> Core<T> {
     pub fn on_assigned(
         &mut self,
         now: Instant,
-        assigned: Vec<(AssignedPartition, TriggerSlot<T>)>,
+        assigned: Vec<(AssignedPartition, TriggerSlot<S>)>,
     ) {
         self.committer.rebalanced();
         for (a, trigger) in assigned {
@@ -180,7 +187,7 @@ impl<T: Clone> Core<T> {
     }
 
     /// A message arrived.
-    pub fn on_message(&mut self, msg: rdkafka::message::OwnedMessage) -> Arrival {
+    pub fn on_message(&mut self, msg: S::Record) -> Arrival<S::Record> {
         self.partitions.on_message(msg)
     }
 
@@ -254,8 +261,9 @@ impl<T: Clone> Core<T> {
 
     /// Everything that is due at `now`, appended to `out` in order: a revoke's end, a change
     /// of the hold, runs to start, pauses and resumes, and the next commit request.
-    pub fn poll(&mut self, now: Instant, out: &mut Vec<Command<T>>) {
+    pub fn poll(&mut self, now: Instant, out: &mut Vec<Command<S>>) {
         out.append(&mut self.pending);
+        self.signal(out);
         self.try_finish_revoke(now, out);
         self.update_hold(now, out);
         // Once stopping, the shell commits for the last time itself (`stop_commit`).
@@ -300,7 +308,7 @@ impl<T: Clone> Core<T> {
     /// Ends the revoke in progress once its runs ended (or its deadline passed) and the
     /// commit request out was answered: a request taken before could otherwise reach the
     /// broker after the final commit and move the offset back.
-    fn try_finish_revoke(&mut self, now: Instant, out: &mut Vec<Command<T>>) {
+    fn try_finish_revoke(&mut self, now: Instant, out: &mut Vec<Command<S>>) {
         let Some(r) = &self.revoke else {
             return;
         };
@@ -321,6 +329,8 @@ impl<T: Clone> Core<T> {
             let _ = self.partitions.remove(tp);
             self.committer.forget(tp);
         }
+        // Runs left at the deadline give up before the final commit goes out.
+        self.signal(out);
         out.push(Command::FinishRevoke(RevokeEnd {
             partitions: r.partitions,
             commit,
@@ -337,7 +347,7 @@ impl<T: Clone> Core<T> {
             .collect()
     }
 
-    fn update_hold(&mut self, now: Instant, out: &mut Vec<Command<T>>) {
+    fn update_hold(&mut self, now: Instant, out: &mut Vec<Command<S>>) {
         let holding = self.committer.holding(now);
         if holding == self.holding {
             return;
@@ -352,7 +362,7 @@ impl<T: Clone> Core<T> {
         }));
     }
 
-    fn process(&mut self, now: Instant, out: &mut Vec<Command<T>>) {
+    fn process(&mut self, now: Instant, out: &mut Vec<Command<S>>) {
         let mut actions = std::mem::take(&mut self.actions);
         self.partitions.process(now, &mut actions);
         out.extend(actions.starts.drain(..).map(Command::Start));
@@ -365,9 +375,15 @@ impl<T: Clone> Core<T> {
         self.actions = actions;
     }
 
+    /// The run signals decided since the last poll, as commands.
+    fn signal(&mut self, out: &mut Vec<Command<S>>) {
+        self.partitions
+            .take_signals(|s| out.push(Command::Signal(s)));
+    }
+
     /// Moved commit offsets are taken (their metadata encoded) only when a request may go
     /// out; then whatever is due goes in one request.
-    fn take_commits(&mut self, now: Instant, out: &mut Vec<Command<T>>) {
+    fn take_commits(&mut self, now: Instant, out: &mut Vec<Command<S>>) {
         if self.partitions.commits_pending() && self.committer.can_send(now) {
             let committer = &mut self.committer;
             self.partitions.take_commits(now, |tp, offset, metadata| {
@@ -383,14 +399,10 @@ impl<T: Clone> Core<T> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use rdkafka::message::OwnedMessage;
-    use rdkafka::Timestamp;
-    use tokio::sync::Semaphore;
-
     use super::*;
     use crate::config::Ordering;
+    use crate::core::shell::Record as _;
+    use crate::core::testing::{record, TestRecord, TestShell, TestTrigger};
 
     const TICK: Duration = Duration::from_millis(10);
 
@@ -401,20 +413,11 @@ mod tests {
         }
     }
 
-    fn msg(p: i32, offset: i64, key: &str) -> OwnedMessage {
-        let key = Some(key.as_bytes().to_vec());
-        OwnedMessage::new(
-            None,
-            key,
-            "t".into(),
-            Timestamp::NotAvailable,
-            p,
-            offset,
-            None,
-        )
+    fn msg(p: i32, offset: i64, key: &str) -> TestRecord {
+        record(p, offset, key.as_bytes(), 0)
     }
 
-    fn core() -> Core<()> {
+    fn core() -> Core<TestShell> {
         let limits = Limits {
             per_partition: 100,
             max_bytes: 1 << 20,
@@ -429,9 +432,9 @@ mod tests {
     }
 
     /// `core` with partitions 0 and 1 assigned (nothing committed yet).
-    fn assigned(now: Instant) -> Core<()> {
+    fn assigned(now: Instant) -> Core<TestShell> {
         let mut c = core();
-        let permits = Arc::new(Semaphore::new(8));
+        let trigger = TestTrigger::new(8);
         let slots = (0..2)
             .map(|p| {
                 let a = AssignedPartition {
@@ -442,8 +445,7 @@ mod tests {
                 let slot = TriggerSlot {
                     index: 0,
                     ordering: Ordering::Key,
-                    permits: Arc::clone(&permits),
-                    runtime: (),
+                    runtime: trigger.clone(),
                     batch: None,
                 };
                 (a, slot)
@@ -453,13 +455,13 @@ mod tests {
         c
     }
 
-    fn poll(c: &mut Core<()>, now: Instant) -> Vec<Command<()>> {
+    fn poll(c: &mut Core<TestShell>, now: Instant) -> Vec<Command<TestShell>> {
         let mut out = Vec::new();
         c.poll(now, &mut out);
         out
     }
 
-    fn starts(out: &mut Vec<Command<()>>) -> Vec<Start<()>> {
+    fn starts(out: &mut Vec<Command<TestShell>>) -> Vec<Start<TestShell>> {
         let mut starts = Vec::new();
         out.retain_mut(|c| match c {
             Command::Start(_) => {
@@ -480,7 +482,7 @@ mod tests {
         starts
     }
 
-    fn commits(out: &[Command<()>]) -> Vec<CommitBatch> {
+    fn commits(out: &[Command<TestShell>]) -> Vec<CommitBatch> {
         out.iter()
             .filter_map(|c| match c {
                 Command::Commit(b) => Some(b.clone()),
@@ -489,8 +491,7 @@ mod tests {
             .collect()
     }
 
-    fn finish(c: &mut Core<()>, s: &Start<()>, handled: bool) {
-        use rdkafka::message::Message as _;
+    fn finish(c: &mut Core<TestShell>, s: &Start<TestShell>, handled: bool) {
         let records = [(s.msg.offset(), handled)];
         assert!(c.on_run_finished(s.id, s.generation, &s.key, false, &records));
     }
@@ -546,10 +547,10 @@ mod tests {
         // Revoked while offset 1 runs and the request for offset 1 is out.
         c.on_revoked(t0 + TICK, vec![tp(0)], false);
         assert!(c.revoking());
-        assert!(second.drain.is_cancelled(), "the drain stops its retries");
+        let out = poll(&mut c, t0 + TICK * 2);
         assert!(
-            poll(&mut c, t0 + TICK * 2).is_empty(),
-            "its run is in flight"
+            matches!(&out[..], [Command::Signal(RunSignal::Drain(a))] if *a == second.assignment()),
+            "the drain stops its retries, and its run is in flight"
         );
         finish(&mut c, &second, true);
         let out = poll(&mut c, t0 + TICK * 3);
@@ -584,20 +585,23 @@ mod tests {
         let mut out = poll(&mut c, t0);
         let run = starts(&mut out).remove(0);
         c.on_revoked(t0, vec![tp(1)], true);
+        let a = run.assignment();
+        let out = poll(&mut c, t0 + Duration::from_secs(1));
         assert!(
-            run.cancel.is_cancelled(),
-            "a lost partition's attempts are abandoned"
+            matches!(&out[..], [Command::Signal(RunSignal::Drain(d)), Command::Signal(RunSignal::Abandon(x))] if *d == a && *x == a),
+            "a lost partition's attempts are abandoned at once"
         );
-        assert!(poll(&mut c, t0 + Duration::from_secs(1)).is_empty());
         assert_eq!(c.next_wake(t0), Some(t0 + Duration::from_secs(5)));
         let out = poll(&mut c, t0 + Duration::from_secs(5));
-        let Some(Command::FinishRevoke(end)) = out.into_iter().next() else {
+        let Some(end) = out.into_iter().find_map(|c| match c {
+            Command::FinishRevoke(end) => Some(end),
+            _ => None,
+        }) else {
             panic!("the deadline ends the revoke");
         };
         assert!(end.commit.is_empty());
         assert_eq!(end.abandoned, 1);
         // The run's end after the revoke changes nothing.
-        use rdkafka::message::Message as _;
         let records = [(run.msg.offset(), true)];
         assert!(!c.on_run_finished(run.id, run.generation, &run.key, false, &records));
     }
@@ -639,8 +643,9 @@ mod tests {
         finish(&mut c, &run, true);
         let out = poll(&mut c, t0 + TICK);
         assert!(
-            out.is_empty(),
-            "nothing starts and nothing commits but the last commit"
+            out.iter()
+                .all(|c| matches!(c, Command::Signal(RunSignal::Drain(_)))),
+            "retries stop; nothing starts and nothing commits but the last commit"
         );
         assert_eq!(c.stop_commit(), vec![(tp(0), 1, String::new())]);
     }

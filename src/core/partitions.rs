@@ -12,17 +12,13 @@
 //! visited, and commit metadata is encoded when a commit goes out, not per handled message.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-
-use rdkafka::message::{Message, OwnedMessage};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use std::time::Instant;
 
 use crate::config::Ordering;
 use crate::core::batch::BatchLimits;
 use crate::core::offsets::{OffsetTracker, Received};
 use crate::core::scheduler::PartitionQueue;
+use crate::core::shell::{AssignmentId, Record, RunSignal, Shell};
 use crate::core::AssignedPartition;
 use crate::dispatch::event::TopicPartition;
 
@@ -34,20 +30,29 @@ use super::starts::{start_batch, start_ready};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PartitionId(u32);
 
-/// What the partition set needs to know of a trigger; `runtime` is whatever the caller hands
-/// to its workers (the trigger's clients and configuration).
-#[derive(Clone, Debug)]
-pub struct TriggerSlot<T> {
+/// What the partition set needs to know of a trigger; `runtime` is whatever the shell hands
+/// to its runs (the trigger's clients, configuration and permits).
+#[derive(Debug)]
+pub struct TriggerSlot<S: Shell> {
     /// A small number identifying the trigger within the connection (its starved set).
     pub index: usize,
     /// How its messages may run in parallel.
     pub ordering: Ordering,
-    /// Its concurrency limit.
-    pub permits: Arc<Semaphore>,
-    /// Handed to each run started.
-    pub runtime: T,
+    /// Handed to each run started; its permits bound its concurrency.
+    pub runtime: S::Trigger,
     /// A batch trigger's bounds: its partitions start one batch at a time, in offset order.
     pub batch: Option<BatchLimits>,
+}
+
+impl<S: Shell> Clone for TriggerSlot<S> {
+    fn clone(&self) -> Self {
+        Self {
+            index: self.index,
+            ordering: self.ordering,
+            runtime: self.runtime.clone(),
+            batch: self.batch,
+        }
+    }
 }
 
 /// Buffering limits of a connection.
@@ -65,15 +70,15 @@ pub struct Limits {
 
 /// One owned partition.
 #[derive(Debug)]
-pub struct Partition<T> {
+pub struct Partition<S: Shell> {
     /// Which partition.
     pub tp: TopicPartition,
     /// Its trigger.
-    pub trigger: TriggerSlot<T>,
+    pub trigger: TriggerSlot<S>,
     /// Which assignment of the partition this is.
     pub generation: u64,
     /// Waiting messages and keys in flight.
-    pub queue: PartitionQueue<OwnedMessage>,
+    pub queue: PartitionQueue<S::Record>,
     /// Which offsets are handled, and so what may be committed.
     pub tracker: OffsetTracker,
     /// Positions are trusted only after a message of this assignment arrived or librdkafka
@@ -87,10 +92,6 @@ pub struct Partition<T> {
     /// Paused in the consumer by this set.
     pub paused: bool,
     pub(super) buffered_bytes: usize,
-    /// Stops retries of this partition's messages (revoke, shutdown).
-    pub drain: CancellationToken,
-    /// Abandons even attempts in progress (lost assignment, drain deadline).
-    pub cancel: CancellationToken,
     /// When the commit offset last moved (or the partition last had no backlog); offsets
     /// handled above a held record do not count.
     pub last_progress: Instant,
@@ -110,7 +111,7 @@ pub struct Partition<T> {
     pub(super) commit_changed: bool,
 }
 
-impl<T> Partition<T> {
+impl<S: Shell> Partition<S> {
     /// Messages waiting or in flight.
     pub fn backlog(&self) -> usize {
         self.queue.waiting() + self.queue.in_flight()
@@ -119,7 +120,7 @@ impl<T> Partition<T> {
 
 /// What a message's arrival meant.
 #[derive(Debug)]
-pub enum Arrival {
+pub enum Arrival<R> {
     /// Queued to run.
     Queued(PartitionId),
     /// Handled already (by this owner or, per the commit metadata, the previous one).
@@ -127,12 +128,14 @@ pub enum Arrival {
     /// Waiting or in flight already: delivered twice by the consumer.
     AlreadyReceived(PartitionId),
     /// Its partition is not owned: the message, given back (for the log).
-    NotAssigned(OwnedMessage),
+    NotAssigned(R),
 }
 
-/// A run to start: the message, the permit it holds, and what its worker needs.
+/// A run to start: the message, the permit it holds, and what its worker needs. What the
+/// run is to do when its partition is revoked or lost comes later, as a [`RunSignal`] for
+/// its assignment.
 #[derive(Debug)]
-pub struct Start<T> {
+pub struct Start<S: Shell> {
     /// Its partition.
     pub id: PartitionId,
     /// Its partition's assignment.
@@ -140,33 +143,39 @@ pub struct Start<T> {
     /// Its key (for ordering, given back on completion).
     pub key: Option<Vec<u8>>,
     /// The message (a batch's first).
-    pub msg: OwnedMessage,
+    pub msg: S::Record,
     /// A batch trigger's further records of the batch, in offset order (empty otherwise).
-    pub batch: Vec<OwnedMessage>,
+    pub batch: Vec<S::Record>,
     /// One of the trigger's concurrency permits.
-    pub permit: OwnedSemaphorePermit,
+    pub permit: S::Permit,
     /// The trigger's runtime.
-    pub trigger: T,
+    pub trigger: S::Trigger,
     /// The trigger's index (see [`TriggerSlot::index`]).
     pub trigger_index: usize,
-    /// See [`Partition::drain`].
-    pub drain: CancellationToken,
-    /// See [`Partition::cancel`].
-    pub cancel: CancellationToken,
+}
+
+impl<S: Shell> Start<S> {
+    /// The assignment the run belongs to (what [`RunSignal`]s name).
+    pub fn assignment(&self) -> AssignmentId {
+        AssignmentId {
+            id: self.id,
+            generation: self.generation,
+        }
+    }
 }
 
 /// What [`PartitionSet::process`] asks of the consumer and the runtime.
 #[derive(Debug)]
-pub struct Actions<T> {
+pub struct Actions<S: Shell> {
     /// Runs to start.
-    pub starts: Vec<Start<T>>,
+    pub starts: Vec<Start<S>>,
     /// Partitions to pause.
     pub pause: Vec<TopicPartition>,
     /// Partitions to resume.
     pub resume: Vec<TopicPartition>,
 }
 
-impl<T> Default for Actions<T> {
+impl<S: Shell> Default for Actions<S> {
     fn default() -> Self {
         Self {
             starts: Vec::new(),
@@ -178,8 +187,8 @@ impl<T> Default for Actions<T> {
 
 /// The partitions of one connection.
 #[derive(Debug)]
-pub struct PartitionSet<T> {
-    slots: Vec<Option<Partition<T>>>,
+pub struct PartitionSet<S: Shell> {
+    slots: Vec<Option<Partition<S>>>,
     free: Vec<u32>,
     index: HashMap<String, HashMap<i32, PartitionId>>,
     generation: u64,
@@ -197,9 +206,11 @@ pub struct PartitionSet<T> {
     holding: bool,
     /// Batch triggers' partitions waiting for `max_wait`: when, which, which assignment.
     batch_timers: Vec<(Instant, PartitionId, u64)>,
+    /// What runs already started are to do (drain, abandon), in the order decided.
+    signals: Vec<RunSignal>,
 }
 
-impl<T: Clone> PartitionSet<T> {
+impl<S: Shell> PartitionSet<S> {
     /// No partitions yet.
     pub fn new(limits: Limits) -> Self {
         Self {
@@ -215,6 +226,7 @@ impl<T: Clone> PartitionSet<T> {
             global_full: false,
             holding: false,
             batch_timers: Vec::new(),
+            signals: Vec::new(),
         }
     }
 
@@ -224,26 +236,26 @@ impl<T: Clone> PartitionSet<T> {
     }
 
     /// The partition in slot `id`.
-    pub fn get(&self, id: PartitionId) -> Option<&Partition<T>> {
+    pub fn get(&self, id: PartitionId) -> Option<&Partition<S>> {
         self.slots.get(id.0 as usize)?.as_ref()
     }
 
-    fn get_mut(&mut self, id: PartitionId) -> Option<&mut Partition<T>> {
+    fn get_mut(&mut self, id: PartitionId) -> Option<&mut Partition<S>> {
         self.slots.get_mut(id.0 as usize)?.as_mut()
     }
 
     /// The partition `tp`, if owned.
-    pub fn by_tp(&self, tp: &TopicPartition) -> Option<&Partition<T>> {
+    pub fn by_tp(&self, tp: &TopicPartition) -> Option<&Partition<S>> {
         self.get(self.id_of(&tp.topic, tp.partition)?)
     }
 
     /// Every owned partition.
-    pub fn iter(&self) -> impl Iterator<Item = &Partition<T>> {
+    pub fn iter(&self) -> impl Iterator<Item = &Partition<S>> {
         self.slots.iter().flatten()
     }
 
     /// Every owned partition, to update its stall report.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Partition<T>> {
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Partition<S>> {
         self.slots.iter_mut().flatten()
     }
 
@@ -280,7 +292,7 @@ impl<T: Clone> PartitionSet<T> {
             .sum()
     }
 
-    fn mark_dirty(dirty: &mut Vec<PartitionId>, p: &mut Partition<T>, id: PartitionId) {
+    fn mark_dirty(dirty: &mut Vec<PartitionId>, p: &mut Partition<S>, id: PartitionId) {
         if !p.dirty {
             p.dirty = true;
             dirty.push(id);
@@ -298,7 +310,7 @@ impl<T: Clone> PartitionSet<T> {
     /// `a` was assigned to this member, for `trigger`. A new assignment starts unpaused and
     /// with nothing queued; an earlier assignment of the same partition still held here is
     /// replaced and its runs abandoned.
-    pub fn assign(&mut self, a: AssignedPartition, trigger: TriggerSlot<T>, now: Instant) {
+    pub fn assign(&mut self, a: AssignedPartition, trigger: TriggerSlot<S>, now: Instant) {
         if let Some(old) = self.id_of(&a.tp.topic, a.tp.partition) {
             let _ = self.remove_id(old);
         }
@@ -326,8 +338,6 @@ impl<T: Clone> PartitionSet<T> {
             start: a.committed,
             paused: false,
             buffered_bytes: 0,
-            drain: CancellationToken::new(),
-            cancel: CancellationToken::new(),
             last_progress: now,
             stalled: None,
             revoking: false,
@@ -353,7 +363,7 @@ impl<T: Clone> PartitionSet<T> {
     }
 
     /// A message arrived from the consumer.
-    pub fn on_message(&mut self, msg: OwnedMessage) -> Arrival {
+    pub fn on_message(&mut self, msg: S::Record) -> Arrival<S::Record> {
         let Some(id) = self.id_of(msg.topic(), msg.partition()) else {
             return Arrival::NotAssigned(msg);
         };
@@ -382,7 +392,7 @@ impl<T: Clone> PartitionSet<T> {
         Arrival::Queued(id)
     }
 
-    fn mark_commit_changed(pending: &mut Vec<PartitionId>, p: &mut Partition<T>, id: PartitionId) {
+    fn mark_commit_changed(pending: &mut Vec<PartitionId>, p: &mut Partition<S>, id: PartitionId) {
         if !p.commit_changed {
             p.commit_changed = true;
             pending.push(id);
@@ -506,7 +516,7 @@ impl<T: Clone> PartitionSet<T> {
         &mut self,
         now: Instant,
         tps: Option<&[TopicPartition]>,
-        out: &mut Actions<T>,
+        out: &mut Actions<S>,
     ) {
         if self.holding {
             return;
@@ -554,9 +564,13 @@ impl<T: Clone> PartitionSet<T> {
             p.batch_bytes = 0;
             p.batch_since = None;
             let freed = std::mem::take(&mut p.buffered_bytes);
-            p.drain.cancel();
+            let a = AssignmentId {
+                id,
+                generation: p.generation,
+            };
+            self.signals.push(RunSignal::Drain(a));
             if lost {
-                p.cancel.cancel();
+                self.signals.push(RunSignal::Abandon(a));
             }
             self.buffered_bytes -= freed;
         }
@@ -564,21 +578,25 @@ impl<T: Clone> PartitionSet<T> {
 
     /// Stops every partition's retries and drops waiting messages (shutdown).
     pub fn drain_all(&mut self) {
-        for p in self.slots.iter_mut().flatten() {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Some(p) = slot else {
+                continue;
+            };
             p.revoking = true;
             let _ = p.queue.clear_waiting();
             p.batch_bytes = 0;
             p.batch_since = None;
             self.buffered_bytes -= std::mem::take(&mut p.buffered_bytes);
-            p.drain.cancel();
+            self.signals.push(RunSignal::Drain(AssignmentId {
+                id: PartitionId(i as u32),
+                generation: p.generation,
+            }));
         }
     }
 
-    /// Abandons every attempt still in progress.
-    pub fn cancel_all(&self) {
-        for p in self.iter() {
-            p.cancel.cancel();
-        }
+    /// Hands over the run signals decided since the last call, in order.
+    pub fn take_signals(&mut self, mut signal: impl FnMut(RunSignal)) {
+        self.signals.drain(..).for_each(&mut signal);
     }
 
     /// The latest commit offset and metadata of `tp`, for the synchronous commit of a revoke
@@ -602,7 +620,10 @@ impl<T: Clone> PartitionSet<T> {
         let Some(p) = self.slots.get_mut(id.0 as usize).and_then(Option::take) else {
             return false;
         };
-        p.cancel.cancel();
+        self.signals.push(RunSignal::Abandon(AssignmentId {
+            id,
+            generation: p.generation,
+        }));
         self.buffered_bytes -= p.buffered_bytes;
         if let Some(parts) = self.index.get_mut(&p.tp.topic) {
             let _ = parts.remove(&p.tp.partition);
@@ -653,7 +674,7 @@ impl<T: Clone> PartitionSet<T> {
     /// Works through the partitions that changed: starts what ordering, the hold and the
     /// triggers' permits allow, and decides pauses and resumes, into `out`. Only changed
     /// partitions are visited, so thousands of idle partitions cost nothing.
-    pub fn process(&mut self, now: Instant, out: &mut Actions<T>) {
+    pub fn process(&mut self, now: Instant, out: &mut Actions<S>) {
         // Batch triggers' partitions whose `max_wait` passed.
         if !self.batch_timers.is_empty() {
             let slots = &mut self.slots;

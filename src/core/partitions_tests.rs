@@ -1,7 +1,7 @@
 //! Unit tests of `partitions`.
 use super::*;
 use crate::core::starts::MESSAGE_OVERHEAD;
-use rdkafka::Timestamp;
+use crate::core::testing::{record, TestRecord, TestShell, TestTrigger};
 
 fn tp(p: i32) -> TopicPartition {
     TopicPartition {
@@ -10,26 +10,23 @@ fn tp(p: i32) -> TopicPartition {
     }
 }
 
-fn msg(p: i32, offset: i64, key: &str) -> OwnedMessage {
-    OwnedMessage::new(
-        Some(vec![0; 36]),
-        Some(key.as_bytes().to_vec()),
-        "t".into(),
-        Timestamp::NotAvailable,
-        p,
-        offset,
-        None,
-    )
+fn msg(p: i32, offset: i64, key: &str) -> TestRecord {
+    record(p, offset, key.as_bytes(), 36)
 }
 
-fn trigger(permits: usize, ordering: Ordering) -> TriggerSlot<&'static str> {
+fn trigger(permits: usize, ordering: Ordering) -> TriggerSlot<TestShell> {
     TriggerSlot {
         index: 0,
         ordering,
-        permits: Arc::new(Semaphore::new(permits)),
-        runtime: "trigger",
+        runtime: TestTrigger::new(permits),
         batch: None,
     }
+}
+
+fn signals(s: &mut PartitionSet<TestShell>) -> Vec<RunSignal> {
+    let mut out = Vec::new();
+    s.take_signals(|x| out.push(x));
+    out
 }
 
 fn assigned(p: i32, committed: Option<i64>, metadata: &str) -> AssignedPartition {
@@ -40,7 +37,7 @@ fn assigned(p: i32, committed: Option<i64>, metadata: &str) -> AssignedPartition
     }
 }
 
-fn set(per_partition: usize, max_bytes: usize) -> PartitionSet<&'static str> {
+fn set(per_partition: usize, max_bytes: usize) -> PartitionSet<TestShell> {
     PartitionSet::new(Limits {
         per_partition,
         max_bytes,
@@ -48,19 +45,19 @@ fn set(per_partition: usize, max_bytes: usize) -> PartitionSet<&'static str> {
     })
 }
 
-fn commits(s: &mut PartitionSet<&'static str>) -> Vec<(i32, i64, String)> {
+fn commits(s: &mut PartitionSet<TestShell>) -> Vec<(i32, i64, String)> {
     let mut out = Vec::new();
     s.take_commits(Instant::now(), |tp, o, m| out.push((tp.partition, o, m)));
     out
 }
 
-fn process(s: &mut PartitionSet<&'static str>) -> Actions<&'static str> {
+fn process(s: &mut PartitionSet<TestShell>) -> Actions<TestShell> {
     let mut out = Actions::default();
     s.process(Instant::now(), &mut out);
     out
 }
 
-fn finish(s: &mut PartitionSet<&'static str>, start: Start<&'static str>, handled: bool) {
+fn finish(s: &mut PartitionSet<TestShell>, start: Start<TestShell>, handled: bool) {
     let offset = start.msg.offset();
     drop(start.permit);
     let _ = s.on_completion(start.id, start.generation, &start.key, offset, handled);
@@ -138,10 +135,11 @@ fn a_revoked_partition_drops_its_waiting_messages_and_a_new_assignment_starts_af
     let in_flight = out.starts.into_iter().next().unwrap();
     s.begin_revoke(&[tp(0)], false);
     assert_eq!(s.buffered_bytes(), 0);
-    assert!(in_flight.drain.is_cancelled());
-    assert!(
-        !in_flight.cancel.is_cancelled(),
-        "a revoke lets the attempt finish"
+    let a = in_flight.assignment();
+    assert_eq!(
+        signals(&mut s),
+        vec![RunSignal::Drain(a)],
+        "a revoke stops retries and lets the attempt finish"
     );
     assert_eq!(s.in_flight_of(&[tp(0)]), 1);
     assert!(process(&mut s).starts.is_empty());
@@ -149,7 +147,7 @@ fn a_revoked_partition_drops_its_waiting_messages_and_a_new_assignment_starts_af
     assert_eq!(s.in_flight_of(&[tp(0)]), 0);
     assert_eq!(s.final_commit(&tp(0)), Some((1, String::new())));
     assert!(s.remove(&tp(0)));
-    assert!(in_flight.cancel.is_cancelled());
+    assert_eq!(signals(&mut s), vec![RunSignal::Abandon(a)]);
     // Assigned back: unpaused, nothing queued, a new generation.
     s.assign(
         assigned(0, Some(1), ""),
@@ -184,7 +182,11 @@ fn a_lost_partition_abandons_its_attempts_at_once() {
     let _ = s.on_message(msg(0, 5, "a"));
     let st = process(&mut s).starts.pop().unwrap();
     s.begin_revoke(&[tp(0)], true);
-    assert!(st.cancel.is_cancelled());
+    let a = st.assignment();
+    assert_eq!(
+        signals(&mut s),
+        vec![RunSignal::Drain(a), RunSignal::Abandon(a)]
+    );
 }
 
 #[test]
@@ -528,11 +530,7 @@ fn a_waiting_batch_goes_out_at_once_when_its_partition_is_revoked() {
     assert!(out.starts.is_empty());
 }
 
-fn batch_trigger(
-    permits: usize,
-    max_records: usize,
-    max_bytes: usize,
-) -> TriggerSlot<&'static str> {
+fn batch_trigger(permits: usize, max_records: usize, max_bytes: usize) -> TriggerSlot<TestShell> {
     TriggerSlot {
         batch: Some(BatchLimits {
             max_records,
@@ -543,10 +541,10 @@ fn batch_trigger(
     }
 }
 
-fn offsets_of(start: &Start<&'static str>) -> Vec<i64> {
+fn offsets_of(start: &Start<TestShell>) -> Vec<i64> {
     std::iter::once(&start.msg)
         .chain(&start.batch)
-        .map(Message::offset)
+        .map(Record::offset)
         .collect()
 }
 
@@ -672,21 +670,19 @@ fn revoking_drops_a_waiting_batch_and_commits_only_what_was_handled() {
     assert!(process(&mut s).starts.is_empty());
 }
 
-impl<T: Clone> Start<T> {
+impl Start<TestShell> {
     /// A copy holding a fresh permit-less stand-in, for tests that finish a run and keep
     /// looking at it.
-    fn clone_for_test(&self) -> Start<T> {
+    fn clone_for_test(&self) -> Start<TestShell> {
         Start {
             id: self.id,
             generation: self.generation,
             key: self.key.clone(),
             msg: self.msg.clone(),
             batch: self.batch.clone(),
-            permit: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+            permit: TestShell::try_permit(&TestTrigger::new(1)).unwrap(),
             trigger: self.trigger.clone(),
             trigger_index: self.trigger_index,
-            drain: self.drain.clone(),
-            cancel: self.cancel.clone(),
         }
     }
 }

@@ -23,17 +23,13 @@
 //! in a release build (`TESSEL_SIM_SCHEDULES`, `TESSEL_SIM_FIRST_SEED`).
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::Arc;
-use std::time::Duration;
-
-use rdkafka::message::{Message as _, OwnedMessage};
-use rdkafka::Timestamp;
-use tokio::sync::Semaphore;
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::config::Ordering;
 use crate::core::committer::CommitResult;
 use crate::core::partitions::{Limits, Start, TriggerSlot};
+use crate::core::shell::{AssignmentId, Record as _, RunSignal};
+use crate::core::testing::{record, TestRecord, TestShell, TestTrigger};
 use crate::core::AssignedPartition;
 use crate::core::CommitBatch;
 use crate::core::{Command, Core};
@@ -78,7 +74,7 @@ struct Request {
 
 /// A run in flight at the dispatcher.
 struct Run {
-    start: Start<()>,
+    start: Start<TestShell>,
     offset: i64,
     key: u64,
     done_at: u64,
@@ -87,10 +83,12 @@ struct Run {
 struct Member {
     alive: bool,
     generation: u64,
-    core: Core<()>,
+    core: Core<TestShell>,
     /// A handover in progress: the partition revoked and the member it goes to.
     handover: Option<(i32, usize)>,
-    permits: Arc<Semaphore>,
+    trigger: TestTrigger,
+    /// Assignments the core told to stop retrying (or abandoned).
+    drained: HashSet<AssignmentId>,
     /// Per owned partition: the next offset the consumer fetches, and whether it is paused.
     fetch: HashMap<i32, (i64, bool)>,
     runs: Vec<Run>,
@@ -212,7 +210,8 @@ impl Sim {
                 DRAIN_TIMEOUT,
             ),
             handover: None,
-            permits: Arc::new(Semaphore::new(p.concurrency)),
+            trigger: TestTrigger::new(p.concurrency),
+            drained: HashSet::new(),
             fetch: HashMap::new(),
             runs: Vec::new(),
             accepted: 0,
@@ -251,8 +250,7 @@ impl Sim {
         let slot = TriggerSlot {
             index: 0,
             ordering: self.p.ordering,
-            permits: Arc::clone(&member.permits),
-            runtime: (),
+            runtime: member.trigger.clone(),
             batch: None,
         };
         let assigned = AssignedPartition {
@@ -387,15 +385,10 @@ impl Sim {
                 break;
             };
             if r.data {
-                let msg = OwnedMessage::new(
-                    Some(vec![0; 8]),
-                    Some(r.key.to_be_bytes().to_vec()),
-                    TOPIC.to_owned(),
-                    Timestamp::NotAvailable,
-                    part,
-                    next,
-                    None,
-                );
+                let msg = TestRecord {
+                    topic: TOPIC.to_owned(),
+                    ..record(part, next, &r.key.to_be_bytes(), 8)
+                };
                 let _ = self.members[m].core.on_message(msg);
             }
             next += 1;
@@ -439,6 +432,9 @@ impl Sim {
                     self.repeat_bound += end.abandoned as u64;
                     self.finish_revoke(m, &end.partitions, end.commit);
                 }
+                Command::Signal(RunSignal::Drain(a) | RunSignal::Abandon(a)) => {
+                    let _ = self.members[m].drained.insert(a);
+                }
                 Command::Flow { .. } | Command::Hold(_) => {}
             }
         }
@@ -457,7 +453,7 @@ impl Sim {
     }
 
     /// A run starts: the key-order invariant is checked on the first run of each record.
-    fn start(&mut self, m: usize, start: Start<()>) -> Result<(), Violation> {
+    fn start(&mut self, m: usize, start: Start<TestShell>) -> Result<(), Violation> {
         let part = start.msg.partition();
         let offset = start.msg.offset();
         let key = u64::from_be_bytes(
@@ -524,7 +520,7 @@ impl Sim {
             return;
         }
         let parked = self.parked.contains(&run.key);
-        let drained = run.start.drain.is_cancelled();
+        let drained = self.members[m].drained.contains(&run.start.assignment());
         if parked && !drained {
             return;
         }

@@ -2,23 +2,21 @@
 //! trigger's permits allow ([`start_ready`]), or a batch trigger's next batch when it is due
 //! ([`start_batch`]); and what a waiting message counts against the byte budget.
 
-use std::sync::Arc;
-
-use rdkafka::message::{Message, OwnedMessage};
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::partitions::{Actions, Partition, PartitionId, Start};
+use super::shell::{Record, Shell};
 
 /// Starts the messages of `p` that ordering and the trigger's permits allow. Returns true
 /// when a message could have started but no permit was free.
-pub(super) fn start_ready<T: Clone>(
-    p: &mut Partition<T>,
+pub(super) fn start_ready<S: Shell>(
+    p: &mut Partition<S>,
     id: PartitionId,
     now: Instant,
     pressed: bool,
     buffered_bytes: &mut usize,
     batch_timers: &mut Vec<(Instant, PartitionId, u64)>,
-    out: &mut Actions<T>,
+    out: &mut Actions<S>,
 ) -> bool {
     if p.trigger.batch.is_some() {
         return start_batch(p, id, now, pressed, buffered_bytes, batch_timers, out);
@@ -36,7 +34,7 @@ pub(super) fn start_ready<T: Clone>(
         } else {
             None
         };
-        let Ok(permit) = Arc::clone(&p.trigger.permits).try_acquire_owned() else {
+        let Some(permit) = S::try_permit(&p.trigger.runtime) else {
             return true;
         };
         let popped = match gap_head {
@@ -58,8 +56,6 @@ pub(super) fn start_ready<T: Clone>(
             permit,
             trigger: p.trigger.runtime.clone(),
             trigger_index: p.trigger.index,
-            drain: p.drain.clone(),
-            cancel: p.cancel.clone(),
         });
     }
 }
@@ -67,14 +63,14 @@ pub(super) fn start_ready<T: Clone>(
 /// A batch trigger's partition: starts its next batch when none is in flight and one is due
 /// (see [`BatchLimits::due`](super::batch::BatchLimits::due); `now_due`: whatever its bounds say), or registers a wake-up for
 /// `max_wait`. Returns true when a batch was due but no permit was free.
-pub(super) fn start_batch<T: Clone>(
-    p: &mut Partition<T>,
+pub(super) fn start_batch<S: Shell>(
+    p: &mut Partition<S>,
     id: PartitionId,
     now: Instant,
     now_due: bool,
     buffered_bytes: &mut usize,
     batch_timers: &mut Vec<(Instant, PartitionId, u64)>,
-    out: &mut Actions<T>,
+    out: &mut Actions<S>,
 ) -> bool {
     let Some(limits) = p.trigger.batch else {
         return false;
@@ -98,7 +94,7 @@ pub(super) fn start_batch<T: Clone>(
         }
         return false;
     }
-    let Ok(permit) = Arc::clone(&p.trigger.permits).try_acquire_owned() else {
+    let Some(permit) = S::try_permit(&p.trigger.runtime) else {
         return true;
     };
     let n = limits.take(p.queue.iter_fifo().map(raw_bytes));
@@ -128,15 +124,13 @@ pub(super) fn start_batch<T: Clone>(
         permit,
         trigger: p.trigger.runtime.clone(),
         trigger_index: p.trigger.index,
-        drain: p.drain.clone(),
-        cancel: p.cancel.clone(),
     });
     false
 }
 
 /// A record's key and value bytes (what `batch.max_bytes` bounds).
-pub fn raw_bytes(m: &OwnedMessage) -> usize {
-    m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len)
+pub fn raw_bytes(m: &impl Record) -> usize {
+    m.payload_len() + m.key().map_or(0, <[u8]>::len)
 }
 
 /// What a waiting message costs in memory besides its key and payload: the owned copy, its
@@ -146,6 +140,6 @@ pub fn raw_bytes(m: &OwnedMessage) -> usize {
 pub(super) const MESSAGE_OVERHEAD: usize = 384;
 
 /// What a waiting message counts against the byte budget.
-pub fn msg_bytes(m: &OwnedMessage) -> usize {
-    m.payload().map_or(0, <[u8]>::len) + m.key().map_or(0, <[u8]>::len) + MESSAGE_OVERHEAD
+pub fn msg_bytes(m: &impl Record) -> usize {
+    raw_bytes(m) + MESSAGE_OVERHEAD
 }

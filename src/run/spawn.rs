@@ -1,20 +1,64 @@
 //! Starting runs on the runtime and reporting their end: the one place where a decided
 //! [`Start`] becomes a task. A run is 1..n records of one partition (a single-record trigger's
-//! run is a batch of one); its end is one [`RunFinished`] with every record's outcome.
+//! run is a batch of one); its end is one [`RunFinished`] with every record's outcome. The
+//! core's [`RunSignal`]s reach the runs here, through each assignment's tokens.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::FutureExt as _;
 use rdkafka::message::{Message, OwnedMessage};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use super::{attempt, body, TriggerRuntime, WorkOutcome};
 use crate::core::partitions::{PartitionId, Start};
+use crate::core::shell::{AssignmentId, Record, RunSignal, Shell};
 use crate::telemetry::metrics;
 
 type Trigger = Arc<TriggerRuntime>;
+
+/// The daemon's [`Shell`]: rdkafka's messages, the triggers' runtimes and their semaphores'
+/// permits.
+#[derive(Debug)]
+pub(crate) struct KafkaShell;
+
+impl Shell for KafkaShell {
+    type Trigger = Trigger;
+    type Permit = OwnedSemaphorePermit;
+    type Record = OwnedMessage;
+
+    fn try_permit(trigger: &Trigger) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&trigger.permits).try_acquire_owned().ok()
+    }
+}
+
+impl Record for OwnedMessage {
+    fn topic(&self) -> &str {
+        Message::topic(self)
+    }
+    fn partition(&self) -> i32 {
+        Message::partition(self)
+    }
+    fn offset(&self) -> i64 {
+        Message::offset(self)
+    }
+    fn key(&self) -> Option<&[u8]> {
+        Message::key(self)
+    }
+    fn payload_len(&self) -> usize {
+        Message::payload(self).map_or(0, <[u8]>::len)
+    }
+}
+
+/// What the runs of one assignment are told: stop retrying (`drain`), give up (`cancel`).
+#[derive(Default)]
+struct Tokens {
+    drain: CancellationToken,
+    cancel: CancellationToken,
+}
 
 /// What a run tells the supervisor.
 pub(crate) enum WorkerEvent {
@@ -52,6 +96,8 @@ pub(crate) struct Runs {
     /// Each trigger's runs-in-flight gauge, by index; registered when the connection runs
     /// (the recorder is installed by then).
     in_flight: Vec<metrics::Gauge>,
+    /// Each current assignment's tokens, until the core abandons it.
+    tokens: HashMap<AssignmentId, Tokens>,
 }
 
 impl Runs {
@@ -67,6 +113,7 @@ impl Runs {
             tx,
             tasks: TaskTracker::new(),
             in_flight: Vec::new(),
+            tokens: HashMap::new(),
         };
         (runs, rx)
     }
@@ -117,8 +164,31 @@ impl Runs {
         }
     }
 
+    /// Carries a run signal of the core to the runs of its assignment.
+    pub(crate) fn signal(&mut self, signal: RunSignal) {
+        match signal {
+            RunSignal::Drain(a) => self.tokens.entry(a).or_default().drain.cancel(),
+            RunSignal::Abandon(a) => {
+                if let Some(t) = self.tokens.remove(&a) {
+                    t.drain.cancel();
+                    t.cancel.cancel();
+                }
+            }
+        }
+    }
+
+    /// Abandons every run still in progress (the stop's drain deadline passed).
+    pub(crate) fn abandon_all(&mut self) {
+        for (_, t) in self.tokens.drain() {
+            t.drain.cancel();
+            t.cancel.cancel();
+        }
+    }
+
     /// Starts one run on the runtime.
-    pub(crate) fn spawn(&self, start: Start<Trigger>) {
+    pub(crate) fn spawn(&mut self, start: Start<KafkaShell>) {
+        let tokens = self.tokens.entry(start.assignment()).or_default();
+        let (drain, cancel) = (tokens.drain.clone(), tokens.cancel.clone());
         let Start {
             id,
             generation,
@@ -128,8 +198,6 @@ impl Runs {
             permit,
             trigger,
             trigger_index,
-            drain,
-            cancel,
         } = start;
         let mut msgs: Vec<OwnedMessage> = Vec::with_capacity(batch.len() + 1);
         msgs.push(msg);
@@ -147,7 +215,7 @@ impl Runs {
         let task_span = span.clone();
         drop(self.tasks.spawn(async move {
             let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
-            let (topic, partition) = (msgs[0].topic().to_owned(), msgs[0].partition());
+            let (topic, partition) = (Message::topic(&msgs[0]).to_owned(), Message::partition(&msgs[0]));
             // The run contains panics of an attempt itself; this catches one in its own
             // bookkeeping, so that the end is always reported and the key never stays in
             // flight. The records are then abandoned: not committed, offered again after the
