@@ -1,8 +1,14 @@
 //! Deterministic simulation of the consumer core: several members' [`Core`]s driven, from
-//! one seed, against a simulated group coordinator, partition logs with aborted records, and
-//! a dispatcher that parks keys, with handovers (a revoke that drains, waits for the commit
-//! request out and commits last), orderly stops, kills and restarts at any step. The
-//! simulator plays the shell: it hands each core its events and carries out its commands.
+//! one seed, against a simulated group coordinator (commits answered late, in the order sent,
+//! refused with ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID or, during a rebalance,
+//! REBALANCE_IN_PROGRESS), partition logs with aborted records, and a dispatcher with latency
+//! that parks keys (a batch whose records' keys are parked fails partially), with handovers
+//! (a revoke that drains, waits for the commit request out and commits last), orderly stops,
+//! kills and restarts at any step. One schedule in three runs a batch trigger. The simulator
+//! plays the shell: it hands each core its events and carries out its commands, through the
+//! plain [`TestShell`]. At the core's level a dispatcher's answers reduce to a record handled
+//! or not and when: how 5xx, 4xx, 409, Retry-After, partial failures and panics map to that
+//! is `run::decide` and the error policy, unit-tested there.
 //! Invariants are checked after every step:
 //!
 //! - **no loss**: a committed offset never passes a data record the dispatcher did not accept;
@@ -72,11 +78,11 @@ struct Request {
     commits: Vec<(TopicPartition, i64, String)>,
 }
 
-/// A run in flight at the dispatcher.
+/// A run in flight at the dispatcher: one record, or a batch trigger's batch.
 struct Run {
     start: Start<TestShell>,
-    offset: i64,
-    key: u64,
+    /// Each record's offset and key, in offset order.
+    records: Vec<(i64, u64)>,
     done_at: u64,
 }
 
@@ -251,7 +257,7 @@ impl Sim {
             index: 0,
             ordering: self.p.ordering,
             runtime: member.trigger.clone(),
-            batch: None,
+            batch: self.p.batch,
         };
         let assigned = AssignedPartition {
             tp: Self::tp(part),
@@ -302,7 +308,7 @@ impl Sim {
                 self.generation,
                 m.runs
                     .iter()
-                    .map(|r| (r.start.msg.partition(), r.offset))
+                    .map(|r| (r.start.msg.partition(), r.records[0].0, r.records.len()))
                     .collect::<Vec<_>>(),
                 m.core.commit_out(),
                 m.core.refusing().is_some(),
@@ -455,34 +461,33 @@ impl Sim {
     /// A run starts: the key-order invariant is checked on the first run of each record.
     fn start(&mut self, m: usize, start: Start<TestShell>) -> Result<(), Violation> {
         let part = start.msg.partition();
-        let offset = start.msg.offset();
-        let key = u64::from_be_bytes(
-            start
-                .msg
-                .key()
-                .and_then(|k| k.try_into().ok())
-                .unwrap_or_default(),
-        );
-        // First run of this record: every earlier record of its key ran first (under `key`
-        // and `partition` ordering).
-        let unstarted = self.not_started.get_mut(&(part, key));
-        if let Some(set) = unstarted.filter(|set| set.contains(&offset)) {
-            let first = set.first().copied();
-            let _ = set.remove(&offset);
-            if self.p.ordering != Ordering::Unordered && first != Some(offset) {
-                return Err(Violation(format!(
-                    "key order: the first run of {part}@{offset} (key {key}) started before {part}@{first:?}'s"
-                )));
+        let mut records = Vec::with_capacity(1 + start.batch.len());
+        for r in std::iter::once(&start.msg).chain(&start.batch) {
+            let offset = r.offset();
+            let key =
+                u64::from_be_bytes(r.key().and_then(|k| k.try_into().ok()).unwrap_or_default());
+            // First run of this record: every earlier record of its key ran first (under
+            // `key` and `partition` ordering; a batch trigger's are in partition order).
+            let unstarted = self.not_started.get_mut(&(part, key));
+            if let Some(set) = unstarted.filter(|set| set.contains(&offset)) {
+                let first = set.first().copied();
+                let _ = set.remove(&offset);
+                let ordered = self.p.ordering != Ordering::Unordered || self.p.batch.is_some();
+                if ordered && first != Some(offset) {
+                    return Err(Violation(format!(
+                        "key order: the first run of {part}@{offset} (key {key}) started before {part}@{first:?}'s"
+                    )));
+                }
             }
-        }
-        if self.accepted.contains(&(part, offset)) {
-            self.repeats += 1;
+            if self.accepted.contains(&(part, offset)) {
+                self.repeats += 1;
+            }
+            records.push((offset, key));
         }
         let latency = 1 + self.rng.below(20);
         self.members[m].runs.push(Run {
             start,
-            offset,
-            key,
+            records,
             done_at: self.step + latency,
         });
         Ok(())
@@ -508,8 +513,9 @@ impl Sim {
         }
     }
 
-    /// The dispatcher answers one of member `m`'s runs that is due: accepted, unless its key
-    /// is parked (then it is retried, and only a drain ends it).
+    /// The dispatcher answers one of member `m`'s runs that is due: accepted, unless a
+    /// record's key is parked (then the run retries it, and only a drain ends it; the
+    /// batch's other records are accepted, a partial failure).
     fn complete(&mut self, m: usize) {
         if !self.members[m].alive || self.members[m].runs.is_empty() {
             return;
@@ -519,7 +525,7 @@ impl Sim {
         if run.done_at > self.step {
             return;
         }
-        let parked = self.parked.contains(&run.key);
+        let parked = run.records.iter().any(|(_, k)| self.parked.contains(k));
         let drained = self.members[m].drained.contains(&run.start.assignment());
         if parked && !drained {
             return;
@@ -527,16 +533,21 @@ impl Sim {
         self.finish_run(m, i);
     }
 
-    /// Member `m`'s run `i` ends: accepted by the dispatcher, or abandoned (its key parked
-    /// and its partition drained).
+    /// Member `m`'s run `i` ends: each record accepted by the dispatcher, or abandoned (its
+    /// key parked and its partition drained).
     fn finish_run(&mut self, m: usize, i: usize) {
         let run = self.members[m].runs.swap_remove(i);
         let part = run.start.msg.partition();
-        let handled = !self.parked.contains(&run.key);
-        if handled {
-            self.accept(part, run.offset);
-            self.members[m].accepted += 1;
+        let mut outcomes = Vec::with_capacity(run.records.len());
+        for &(offset, key) in &run.records {
+            let handled = !self.parked.contains(&key);
+            if handled {
+                self.accept(part, offset);
+                self.members[m].accepted += 1;
+            }
+            outcomes.push((offset, handled));
         }
+        let batch = self.p.batch.is_some();
         let Start {
             id,
             generation,
@@ -545,13 +556,9 @@ impl Sim {
             ..
         } = run.start;
         drop(permit);
-        let _ = self.members[m].core.on_run_finished(
-            id,
-            generation,
-            &key,
-            false,
-            &[(run.offset, handled)],
-        );
+        let _ = self.members[m]
+            .core
+            .on_run_finished(id, generation, &key, batch, &outcomes);
     }
 
     /// Member `m`'s core is polled (its commit requests go out when due).
@@ -568,8 +575,21 @@ impl Sim {
         let Some(r) = self.requests.pop_front() else {
             return;
         };
-        // The classic protocol checks the member's generation, not who owns the partition.
-        let valid = r.generation == self.generation && self.members[r.member].alive;
+        // The classic protocol checks the member's generation, not who owns the partition. A
+        // member the group no longer knows (killed: its session expired) is refused as such;
+        // while a rebalance is under way (a member revoking) the coordinator may refuse
+        // commits of the current generation too.
+        let rebalancing = self.members.iter().any(|m| m.alive && m.core.revoking());
+        let refused = if !self.members[r.member].alive {
+            Some("UNKNOWN_MEMBER_ID")
+        } else if r.generation != self.generation {
+            Some("ILLEGAL_GENERATION")
+        } else if rebalancing && self.rng.chance(30) {
+            Some("REBALANCE_IN_PROGRESS")
+        } else {
+            None
+        };
+        let valid = refused.is_none();
         let mut results = Vec::new();
         for (tp, offset, metadata) in r.commits {
             if valid {
@@ -579,7 +599,7 @@ impl Sim {
                 tp,
                 offset,
                 metadata,
-                refused: (!valid).then(|| "ILLEGAL_GENERATION".to_owned()),
+                refused: refused.map(str::to_owned),
             });
         }
         if self.members[r.member].alive {
@@ -671,11 +691,14 @@ impl Sim {
         // What this kill may make the group offer again: the runs in flight, and the runs
         // accepted since the last confirmed commit that covered them.
         let member = &self.members[m];
-        self.repeat_bound += member.runs.len() as u64 + (member.accepted - member.covered);
+        let in_flight: usize = member.runs.iter().map(|r| r.records.len()).sum();
+        self.repeat_bound += in_flight as u64 + (member.accepted - member.covered);
         for run in std::mem::take(&mut self.members[m].runs) {
-            if self.rng.chance(50) && !self.parked.contains(&run.key) {
-                let part = run.start.msg.partition();
-                self.accept(part, run.offset);
+            let part = run.start.msg.partition();
+            for (offset, key) in run.records {
+                if self.rng.chance(50) && !self.parked.contains(&key) {
+                    self.accept(part, offset);
+                }
             }
         }
         let orphans: Vec<i32> = (0..self.p.partitions)

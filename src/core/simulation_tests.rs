@@ -29,12 +29,19 @@ fn run_or_shrink(p: Params) -> Result<(), String> {
                 partitions: (cur.partitions - 1).max(1),
                 ..cur
             },
+            Params { batch: None, ..cur },
         ];
+        let shape = |p: &Params| {
+            (
+                p.records,
+                p.fault_steps,
+                p.members,
+                p.partitions,
+                p.batch.is_some(),
+            )
+        };
         for c in candidates {
-            if c.records < 2
-                || (c.records, c.fault_steps, c.members, c.partitions)
-                    == (cur.records, cur.fault_steps, cur.members, cur.partitions)
-            {
+            if c.records < 2 || shape(&c) == shape(&cur) {
                 continue;
             }
             if let Err(v) = Sim::new(c).run() {
@@ -123,6 +130,7 @@ fn a_handover_with_a_full_gap_drains() {
         concurrency: 4,
         per_partition: 100,
         max_tracked_above: 5,
+        batch: None,
     };
     let mut sim = Sim::new(p);
     for r in &mut sim.logs[0] {

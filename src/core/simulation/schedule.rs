@@ -1,7 +1,10 @@
 //! The shape of a simulated schedule, drawn from its seed: the random source, the
 //! parameters (made smaller when shrinking) and the records of the logs.
 
+use std::time::Duration;
+
 use crate::config::Ordering;
+use crate::core::batch::BatchLimits;
 
 /// splitmix64: small, fast, and the same on every machine.
 pub(super) struct Rng(pub(super) u64);
@@ -38,6 +41,8 @@ pub(super) struct Params {
     pub(super) concurrency: usize,
     pub(super) per_partition: usize,
     pub(super) max_tracked_above: usize,
+    /// A batch trigger's bounds (simulated milliseconds), or None: single records.
+    pub(super) batch: Option<BatchLimits>,
 }
 
 impl Params {
@@ -58,6 +63,13 @@ impl Params {
             concurrency: 1 + r.below(8) as usize,
             per_partition: 2 + r.below(20) as usize,
             max_tracked_above: 2 + r.below(12) as usize,
+            // One schedule in three: a batch trigger (partition order, one batch of a
+            // partition at a time; a batch's records are handled one by one).
+            batch: r.chance(33).then(|| BatchLimits {
+                max_records: 1 + r.below(6) as usize,
+                max_bytes: 1 << 20,
+                max_wait: Duration::from_millis(r.below(40)),
+            }),
         };
         // As the configuration guarantees (`config::MAX_CONCURRENCY`): a trigger's runs in
         // flight fit the commit metadata's bound above a full gap.
