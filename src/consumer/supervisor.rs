@@ -189,9 +189,9 @@ impl ConnectionSupervisor {
         match event {
             WorkerEvent::Finished(f) => {
                 let records = self.runs.finished(&f);
-                let known =
-                    self.core
-                        .on_run_finished(f.id, f.generation, &f.key, f.batch, &records);
+                let known = self
+                    .core
+                    .on_run_finished(f.id, f.generation, &f.key, &records);
                 if known {
                     if let Some(p) = self.core.partitions().get(f.id) {
                         self.runs.report(&p.trigger.runtime, &f);

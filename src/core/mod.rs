@@ -197,23 +197,18 @@ impl<S: Shell> Core<S> {
     }
 
     /// A run started by [`Command::Start`] ended: each record's offset and whether it is
-    /// handled (accepted, skipped, dead-lettered). `batch` says the run was a batch (keyless).
+    /// handled (accepted, skipped, dead-lettered); `key` is the run's (None for a batch).
     /// Returns false for a run of an earlier assignment (its end changes nothing).
     pub fn on_run_finished(
         &mut self,
         id: PartitionId,
         generation: u64,
         key: &Option<Vec<u8>>,
-        batch: bool,
         records: &[(i64, bool)],
     ) -> bool {
-        let known = match records {
-            [(offset, handled)] if !batch => self
-                .partitions
-                .on_completion(id, generation, key, *offset, *handled),
-            _ => self.partitions.on_batch_completion(id, generation, records),
-        };
-        known.is_some()
+        self.partitions
+            .on_run_finished(id, generation, key, records)
+            .is_some()
     }
 
     /// A run of the trigger with this index gave its permit back while it waits to retry.
@@ -493,7 +488,7 @@ mod tests {
 
     fn finish(c: &mut Core<TestShell>, s: &Start<TestShell>, handled: bool) {
         let records = [(s.msg.offset(), handled)];
-        assert!(c.on_run_finished(s.id, s.generation, &s.key, false, &records));
+        assert!(c.on_run_finished(s.id, s.generation, &s.key, &records));
     }
 
     fn ok(batch: &CommitBatch) -> Vec<CommitResult> {
@@ -603,7 +598,7 @@ mod tests {
         assert_eq!(end.abandoned, 1);
         // The run's end after the revoke changes nothing.
         let records = [(run.msg.offset(), true)];
-        assert!(!c.on_run_finished(run.id, run.generation, &run.key, false, &records));
+        assert!(!c.on_run_finished(run.id, run.generation, &run.key, &records));
     }
 
     #[test]

@@ -423,39 +423,15 @@ impl<S: Shell> PartitionSet<S> {
         }
     }
 
-    /// A run started by [`Start`] ended; `handled` when it was accepted, skipped or
-    /// dead-lettered (its offset may be committed). Returns the trigger index whose permit
-    /// came free, or None for a run of an earlier assignment.
-    pub fn on_completion(
+    /// A run started by [`Start`] ended: each record's offset and whether it is handled
+    /// (accepted, skipped or dead-lettered: its offset may be committed); `key` is the run's
+    /// (None for a batch). Returns the trigger index whose permit came free, or None for a
+    /// run of an earlier assignment.
+    pub fn on_run_finished(
         &mut self,
         id: PartitionId,
         generation: u64,
         key: &Option<Vec<u8>>,
-        offset: i64,
-        handled: bool,
-    ) -> Option<usize> {
-        let p = self.slots.get_mut(id.0 as usize)?.as_mut()?;
-        if p.generation != generation {
-            return None;
-        }
-        p.queue.finished(key);
-        if handled {
-            p.tracker.handled(offset);
-            Self::mark_commit_changed(&mut self.commit_pending, p, id);
-        }
-        Self::mark_dirty(&mut self.dirty, p, id);
-        let trigger = p.trigger.index;
-        self.wake_starved(trigger);
-        Some(trigger)
-    }
-
-    /// A batch started by [`Start`] ended: each record's offset and whether it is handled.
-    /// Returns the trigger index whose permit came free, or None for a batch of an earlier
-    /// assignment.
-    pub fn on_batch_completion(
-        &mut self,
-        id: PartitionId,
-        generation: u64,
         records: &[(i64, bool)],
     ) -> Option<usize> {
         let p = self.slots.get_mut(id.0 as usize)?.as_mut()?;
@@ -464,7 +440,7 @@ impl<S: Shell> PartitionSet<S> {
         }
         let mut any = false;
         for &(offset, handled) in records {
-            p.queue.finished(&None);
+            p.queue.finished(key);
             if handled {
                 p.tracker.handled(offset);
                 any = true;

@@ -60,7 +60,7 @@ fn process(s: &mut PartitionSet<TestShell>) -> Actions<TestShell> {
 fn finish(s: &mut PartitionSet<TestShell>, start: Start<TestShell>, handled: bool) {
     let offset = start.msg.offset();
     drop(start.permit);
-    let _ = s.on_completion(start.id, start.generation, &start.key, offset, handled);
+    let _ = s.on_run_finished(start.id, start.generation, &start.key, &[(offset, handled)]);
 }
 
 #[test]
@@ -160,7 +160,12 @@ fn a_revoked_partition_drops_its_waiting_messages_and_a_new_assignment_starts_af
     assert_eq!(p.backlog(), 0);
     // A completion of the earlier assignment changes nothing.
     assert_eq!(
-        s.on_completion(in_flight.id, in_flight.generation, &in_flight.key, 1, true),
+        s.on_run_finished(
+            in_flight.id,
+            in_flight.generation,
+            &in_flight.key,
+            &[(1, true)]
+        ),
         None
     );
     assert!(!s.commits_pending());
@@ -438,9 +443,9 @@ fn a_new_owner_of_a_full_gap_starts_the_record_at_the_gap_and_drains() {
                 drop(st.permit);
                 if batch {
                     let done: Vec<(i64, bool)> = offsets.iter().map(|o| (*o, true)).collect();
-                    let _ = s.on_batch_completion(st.id, st.generation, &done);
+                    let _ = s.on_run_finished(st.id, st.generation, &None, &done);
                 } else {
-                    let _ = s.on_completion(st.id, st.generation, &st.key, offsets[0], true);
+                    let _ = s.on_run_finished(st.id, st.generation, &st.key, &[(offsets[0], true)]);
                 }
             }
         }
@@ -509,7 +514,12 @@ fn a_waiting_batch_goes_out_at_once_when_its_partition_is_revoked() {
     let b = out.starts.pop().unwrap();
     assert_eq!(offsets_of(&b), vec![0, 1, 2]);
     s.begin_revoke(&[tp(0)], false);
-    let _ = s.on_batch_completion(b.id, b.generation, &[(0, true), (1, true), (2, true)]);
+    let _ = s.on_run_finished(
+        b.id,
+        b.generation,
+        &None,
+        &[(0, true), (1, true), (2, true)],
+    );
     assert_eq!(s.final_commit(&tp(0)).unwrap().0, 3);
     // A partition with a batch out flushes nothing more; neither does a holding set.
     let mut s2 = set(100, 1 << 20);
@@ -569,18 +579,20 @@ fn a_batch_goes_out_at_max_records_in_offset_order_one_per_partition_at_a_time()
     );
     // Nothing is committed before the batch is handled.
     assert!(commits(&mut s).is_empty());
-    let _ = s.on_batch_completion(
+    let _ = s.on_run_finished(
         first.id,
         first.generation,
+        &None,
         &[(0, true), (1, true), (2, true)],
     );
     assert_eq!(commits(&mut s), vec![(0, 3, String::new())]);
     let second = process(&mut s).starts.pop().unwrap();
     assert_eq!(offsets_of(&second), vec![3, 4, 5]);
     // A record not handled (abandoned) holds the commit below it.
-    let _ = s.on_batch_completion(
+    let _ = s.on_run_finished(
         second.id,
         second.generation,
+        &None,
         &[(3, true), (4, false), (5, true)],
     );
     let c = commits(&mut s);
@@ -610,7 +622,7 @@ fn a_batch_respects_max_bytes_and_an_oversized_record_goes_alone() {
     }
     let b = process(&mut s).starts.pop().unwrap();
     assert_eq!(offsets_of(&b), vec![0, 1]);
-    let _ = s.on_batch_completion(b.id, b.generation, &[(0, true), (1, true)]);
+    let _ = s.on_run_finished(b.id, b.generation, &None, &[(0, true), (1, true)]);
     let b = process(&mut s).starts.pop().unwrap();
     assert_eq!(offsets_of(&b), vec![2, 3]);
     let mut s = set(100, 1 << 20);
@@ -643,7 +655,7 @@ fn batches_of_different_partitions_run_in_parallel_up_to_the_permits() {
     let first = out.starts.into_iter().next().unwrap();
     let offsets: Vec<(i64, bool)> = offsets_of(&first).into_iter().map(|o| (o, true)).collect();
     drop(first.permit);
-    let _ = s.on_batch_completion(first.id, first.generation, &offsets);
+    let _ = s.on_run_finished(first.id, first.generation, &None, &offsets);
     assert_eq!(
         process(&mut s).starts.len(),
         1,
@@ -665,7 +677,7 @@ fn revoking_drops_a_waiting_batch_and_commits_only_what_was_handled() {
     let b = process(&mut s).starts.pop().unwrap();
     s.begin_revoke(&[tp(0)], false);
     assert_eq!(s.buffered_bytes(), 0);
-    let _ = s.on_batch_completion(b.id, b.generation, &[(0, true), (1, true)]);
+    let _ = s.on_run_finished(b.id, b.generation, &None, &[(0, true), (1, true)]);
     assert_eq!(s.final_commit(&tp(0)).unwrap().0, 2);
     assert!(process(&mut s).starts.is_empty());
 }

@@ -547,7 +547,6 @@ impl Sim {
             }
             outcomes.push((offset, handled));
         }
-        let batch = self.p.batch.is_some();
         let Start {
             id,
             generation,
@@ -558,7 +557,7 @@ impl Sim {
         drop(permit);
         let _ = self.members[m]
             .core
-            .on_run_finished(id, generation, &key, batch, &outcomes);
+            .on_run_finished(id, generation, &key, &outcomes);
     }
 
     /// Member `m`'s core is polled (its commit requests go out when due).

@@ -79,8 +79,6 @@ pub(crate) struct RunFinished {
     pub(crate) trigger: usize,
     /// The key the run held (single-record runs; a batch holds none).
     pub(crate) key: Option<Vec<u8>>,
-    /// Whether the run was a batch (its records were taken in offset order, keyless).
-    pub(crate) batch: bool,
     pub(crate) records: Vec<(i64, WorkOutcome)>,
     /// The run's `consume` span (disabled unless traces are exported).
     pub(crate) span: tracing::Span,
@@ -250,7 +248,6 @@ impl Runs {
                 generation,
                 trigger: trigger_index,
                 key,
-                batch,
                 records,
                 // A batch's span has no outcome of its own, nor commit children.
                 span: if batch { tracing::Span::none() } else { span },
