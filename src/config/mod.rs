@@ -34,7 +34,7 @@ pub use secret::{
 pub(crate) use trigger::is_secret_header;
 pub use trigger::{
     is_pattern, BatchConfig, DispatcherConfig, Envelope, ErrorPolicy, ExpiredPolicy, Ordering,
-    PayloadFormat, RetryConfig, TriggerConfig, MAX_CONCURRENCY,
+    PayloadFormat, RetryConfig, TriggerConfig, MAX_BATCH_RECORDS, MAX_CONCURRENCY,
 };
 
 /// Prefix of environment variables that override the file.

@@ -506,6 +506,14 @@ fn batch_defaults_and_rules() {
         let err = load(&with(bad)).unwrap_err().to_string();
         assert!(err.contains(key), "{bad}: {err}");
     }
+    // However large the partition buffer, a batch's records fit the commit metadata.
+    let big_buffer = with("batch = { max_records = 10001 }").replace(
+        "[connections.orders.kafka]",
+        "[connections.orders]\nmax_buffered_per_partition = 50000\n[connections.orders.kafka]",
+    );
+    assert!(big_buffer.contains("max_buffered_per_partition = 50000"));
+    let err = load(&big_buffer).unwrap_err().to_string();
+    assert!(err.contains("at most 10000"), "{err}");
 }
 
 #[test]

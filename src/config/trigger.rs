@@ -330,6 +330,11 @@ fn default_max_retry_after_ms() -> u64 {
 /// `core::offsets::MAX_METADATA_OFFSETS`), so an orderly handover repeats nothing.
 pub const MAX_CONCURRENCY: usize = 10_000;
 
+/// The most records in one batch. A batch trigger's partition has one batch in flight, and a
+/// batch that fails in part leaves its other records handled above the gap: like
+/// [`MAX_CONCURRENCY`] runs, they must fit the commit metadata the next owner reads back.
+pub const MAX_BATCH_RECORDS: usize = MAX_CONCURRENCY;
+
 fn default_concurrency() -> usize {
     16
 }
@@ -408,6 +413,12 @@ impl TriggerConfig {
                 return Err(ConfigError::invalid(
                     format!("{key}.batch"),
                     "max_records and max_bytes must be at least 1",
+                ));
+            }
+            if b.max_records > MAX_BATCH_RECORDS {
+                return Err(ConfigError::invalid(
+                    format!("{key}.batch.max_records"),
+                    format!("must be at most {MAX_BATCH_RECORDS}"),
                 ));
             }
             if b.max_wait_ms > MAX_BATCH_WAIT_MS {

@@ -245,6 +245,7 @@ pub const MAX_METADATA_OFFSETS: usize = 2 * MAX_TRACKED_ABOVE;
 // of the metadata holds them for every concurrency the configuration allows, so an orderly
 // handover repeats nothing.
 const _: () = assert!(MAX_TRACKED_ABOVE + crate::config::MAX_CONCURRENCY <= MAX_METADATA_OFFSETS);
+const _: () = assert!(MAX_TRACKED_ABOVE + crate::config::MAX_BATCH_RECORDS <= MAX_METADATA_OFFSETS);
 
 /// The handled offsets recorded in `metadata`, if it was written for `offset`.
 ///

@@ -71,10 +71,12 @@ impl Params {
                 max_wait: Duration::from_millis(r.below(40)),
             }),
         };
-        // As the configuration guarantees (`config::MAX_CONCURRENCY`): a trigger's runs in
-        // flight fit the commit metadata's bound above a full gap.
+        // As the configuration guarantees (`config::MAX_CONCURRENCY`, and
+        // `config::MAX_BATCH_RECORDS`): a trigger's records in flight (its runs, or a batch
+        // partition's one batch) fit the commit metadata's bound above a full gap.
+        let in_flight = p.concurrency.max(p.batch.map_or(0, |b| b.max_records));
         Self {
-            max_tracked_above: p.max_tracked_above.max(p.concurrency),
+            max_tracked_above: p.max_tracked_above.max(in_flight),
             ..p
         }
     }
