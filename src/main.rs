@@ -9,9 +9,21 @@ use tessel_kafka::cli::Cli;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// At most this many threads on tokio's blocking pool: a few per connection of the largest
+/// region (1,000 connections), with room to spare.
+const MAX_BLOCKING_THREADS: usize = 4_096;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match tokio::runtime::Runtime::new() {
+    // Each connection polls librdkafka and commits on the blocking pool, and a revoke holds
+    // its poll round until the connection drained (bounded by drain_timeout_ms). The pool's
+    // threads exist only while used; its bound (512 by default) must not make a region-wide
+    // rebalance of hundreds of connections wait on itself.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .build();
+    match runtime {
         Ok(runtime) => runtime.block_on(tessel_kafka::cli::commands::execute(cli)),
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

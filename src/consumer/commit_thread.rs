@@ -1,8 +1,8 @@
 //! The consumer calls of the commit rule ([`crate::core::committer`] decides, this sends): the
-//! connection's ops thread, which commits batches synchronously one request at a time off
-//! the runtime and reports the broker's verdict (and applies pauses and resumes, in the same
+//! connection's ops task, which commits batches synchronously one request at a time off
+//! the runtime's workers and reports the broker's verdict (and applies pauses and resumes, in the same
 //! order as the supervisor decided them), and the final synchronous commit of a revoke or
-//! shutdown, which goes out only once the thread's request was answered (rule 6 of the
+//! shutdown, which goes out only once the task's request was answered (rule 6 of the
 //! commit rule: one path).
 
 use std::sync::Arc;
@@ -24,7 +24,7 @@ type Consumer_ = BaseConsumer<ConnectorContext>;
 
 pub(super) use crate::core::CommitBatch;
 
-/// What the ops thread does, in the order it was asked.
+/// What the ops task does, in the order it was asked.
 pub(crate) enum Op {
     /// Commit a batch and answer with the broker's verdict.
     Commit(CommitBatch),
@@ -32,49 +32,59 @@ pub(crate) enum Op {
     Flow(FlowOp),
 }
 
-/// Starts the connection's ops thread: it commits each batch synchronously (one request at a
-/// time, off the runtime) and answers with the broker's verdict per partition, which an
+/// Starts the connection's ops task: it commits each batch synchronously (one request at a
+/// time, on the blocking pool) and answers with the broker's verdict per partition, which an
 /// asynchronous manual commit never reports (see [`crate::core::committer`]); and it applies
-/// pauses and resumes (see [`apply_flow`]). One thread for both, in the order asked: a pause
+/// pauses and resumes (see [`apply_flow`]). One task for both, in the order asked: a pause
 /// or resume waits at most for the commit request before it (a round trip), which a
-/// partition's half-full buffer covers. It ends when the sender is dropped.
+/// partition's half-full buffer covers. It holds no thread while it waits, and ends when the
+/// sender is dropped.
 pub(crate) fn spawn(
     connection: &str,
     consumer: Arc<Consumer_>,
     answers: mpsc::UnboundedSender<Vec<CommitResult>>,
-) -> std::io::Result<(std::sync::mpsc::Sender<Op>, std::thread::JoinHandle<()>)> {
-    let (tx, rx) = std::sync::mpsc::channel::<Op>();
-    let name = connection.to_owned();
-    let handle = std::thread::Builder::new()
-        .name(format!("kafka-ops-{connection}"))
-        .spawn(move || {
-            while let Ok(op) = rx.recv() {
-                let batch = match op {
-                    Op::Commit(batch) => batch,
-                    Op::Flow(op) => {
-                        apply_flow(&name, &consumer, op);
-                        continue;
-                    }
-                };
-                let tpl = tpl_of(&batch);
-                let refused = match consumer.commit(&tpl, CommitMode::Sync) {
-                    Ok(())
-                    | Err(rdkafka::error::KafkaError::ConsumerCommit(
-                        rdkafka::types::RDKafkaErrorCode::NoOffset,
-                    )) => None,
-                    Err(e) => Some(e.to_string()),
-                };
-                metrics::commit(&name, refused.is_none());
-                if let Some(reason) = &refused {
-                    tracing::debug!(connection = %name, error = %reason, "offset commit refused");
-                }
-                if answers.send(results(batch, refused)).is_err() {
-                    break;
-                }
+) -> (mpsc::UnboundedSender<Op>, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Op>();
+    let name: Arc<str> = Arc::from(connection);
+    let handle = tokio::spawn(async move {
+        while let Some(op) = rx.recv().await {
+            let (c, name) = (Arc::clone(&consumer), Arc::clone(&name));
+            let done = tokio::task::spawn_blocking(move || apply(&name, &c, op)).await;
+            let Ok(Some(results)) = done else {
+                continue;
+            };
+            if answers.send(results).is_err() {
+                break;
             }
-            drop(consumer);
-        })?;
-    Ok((tx, handle))
+        }
+        // The consumer's last reference may be this one: it closes off the runtime.
+        let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+    });
+    (tx, handle)
+}
+
+/// Carries out `op`; a commit's verdict, to answer with.
+fn apply(name: &str, consumer: &Consumer_, op: Op) -> Option<Vec<CommitResult>> {
+    let batch = match op {
+        Op::Commit(batch) => batch,
+        Op::Flow(op) => {
+            apply_flow(name, consumer, op);
+            return None;
+        }
+    };
+    let tpl = tpl_of(&batch);
+    let refused = match consumer.commit(&tpl, CommitMode::Sync) {
+        Ok(())
+        | Err(rdkafka::error::KafkaError::ConsumerCommit(
+            rdkafka::types::RDKafkaErrorCode::NoOffset,
+        )) => None,
+        Err(e) => Some(e.to_string()),
+    };
+    metrics::commit(name, refused.is_none());
+    if let Some(reason) = &refused {
+        tracing::debug!(connection = %name, error = %reason, "offset commit refused");
+    }
+    Some(results(batch, refused))
 }
 
 /// The verdict on every commit of `batch`: one request, one answer.

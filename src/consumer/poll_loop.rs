@@ -1,30 +1,33 @@
-//! The blocking thread that polls librdkafka and forwards what it returns, in order.
+//! The task that polls librdkafka and forwards what it returns, in order.
 //!
 //! librdkafka's poll runs callbacks (rebalance, logs, commits) on the polling thread, and the
 //! revoke callback blocks until the async side has drained; that must never happen on a
-//! runtime worker, so polling has its own OS thread. Messages are handed over in batches of
+//! runtime worker, so each round of polling runs on tokio's blocking pool
+//! (`spawn_blocking`). Between rounds the connection holds no thread: its task waits on the
+//! runtime's reactor for librdkafka's queue eventfd ([`QueueWake`]: written when the
+//! consumer queue gets an element), or for a timer. A thousand idle connections cost a
+//! thousand parked tasks, not a thousand threads. Messages are handed over in batches of
 //! what librdkafka has ready.
 //!
-//! The thread sleeps until librdkafka has something for it ([`QueueWake`]: an eventfd written
-//! when the consumer queue gets an element), not on a timer. While the connection is active
-//! (messages, a rebalance or a moving position within [`SETTLE`]) it also wakes every
-//! 100 ms and sends the consumer's positions, at least every 200 ms and after each idle wake:
-//! sent after the messages they follow, they let the offset tracker move past transaction
-//! markers and aborted records, which arrive as no message. Once quiet it wakes only every
-//! [`QUIET_POLL`] (a consumer poll within `max.poll.interval.ms`, and the positions, sent
-//! when they moved).
+//! While the connection is active (messages, a rebalance or a moving position within
+//! [`SETTLE`]) the task also wakes every 100 ms and sends the consumer's positions, at least
+//! every 200 ms and after each idle wake: sent after the messages they follow, they let the
+//! offset tracker move past transaction markers and aborted records, which arrive as no
+//! message. Once quiet it wakes only every [`QUIET_POLL`] (a consumer poll within
+//! `max.poll.interval.ms`, and the positions, sent when they moved).
 
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::Offset;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
 use crate::consumer::context::ConnectorContext;
-use crate::consumer::queue_wake::{QueueWake, Waker};
+use crate::consumer::queue_wake::{self, QueueWake, Waker};
 use crate::consumer::ConsumerEvent;
 use crate::dispatch::event::TopicPartition;
 
@@ -32,7 +35,7 @@ const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 const POSITION_INTERVAL: Duration = Duration::from_millis(200);
 /// How long after its last activity a connection counts as active.
 pub(crate) const SETTLE: Duration = Duration::from_secs(2);
-/// How often a quiet connection's poll thread wakes: well within `max.poll.interval.ms`
+/// How often a quiet connection's poll task wakes: well within `max.poll.interval.ms`
 /// (300 s by default), past which librdkafka would leave the group.
 pub(crate) const QUIET_POLL: Duration = Duration::from_secs(5);
 
@@ -43,47 +46,107 @@ pub(crate) const BATCH: usize = 128;
 
 type Positions = Vec<(TopicPartition, Option<i64>)>;
 
-/// Starts the poll thread. It stops when `stop` is set (and the returned waker woken) or the
+/// Starts the poll task. It stops when `stop` is set (and the returned waker woken) or the
 /// event receiver is gone; the consumer is closed where its last reference is dropped, which
-/// the supervisor arranges to be this thread.
+/// the supervisor arranges to be this task's last round, on the blocking pool.
 pub(crate) fn spawn_poll_loop(
-    connection: &str,
     consumer: Arc<BaseConsumer<ConnectorContext>>,
     events: mpsc::Sender<ConsumerEvent>,
     stop: Arc<AtomicBool>,
-) -> std::io::Result<(JoinHandle<()>, Waker)> {
+) -> std::io::Result<(tokio::task::JoinHandle<()>, Waker)> {
     let (wake, waker) = QueueWake::enable(&consumer)?;
-    let handle = std::thread::Builder::new()
-        .name(format!("kafka-poll-{connection}"))
-        .spawn(move || {
-            poll_until_stopped(&consumer, &wake, &events, &stop);
-            // librdkafka stops writing to the eventfd before the consumer closes.
-            drop(wake);
-            drop(consumer);
-        })?;
+    let ready = wake.register()?;
+    let rebalances = consumer.context().rebalances();
+    let mut poller = Poller {
+        wake,
+        consumer,
+        events,
+        last_positions: Instant::now(),
+        sent_positions: None,
+        rebalances,
+        last_activity: Instant::now(),
+    };
+    let handle = tokio::spawn(async move {
+        while !stop.load(Ordering::SeqCst) {
+            // librdkafka writes only when an element lands on an empty queue: with elements
+            // left (a full batch handed over) there is no wake-up to wait for.
+            if poller.wake.queued() == 0 {
+                wait(&ready, poller.timeout()).await;
+            }
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let round = tokio::task::spawn_blocking(move || {
+                let go_on = poller.round();
+                (poller, go_on)
+            });
+            // A round that panicked took the consumer's reference with it.
+            let Ok((back, go_on)) = round.await else {
+                return;
+            };
+            poller = back;
+            if !go_on {
+                break;
+            }
+        }
+        drop(ready);
+        // librdkafka stops writing to the eventfd before the consumer closes (field order).
+        let _ = tokio::task::spawn_blocking(move || drop(poller)).await;
+    });
     Ok((handle, waker))
 }
 
-fn poll_until_stopped(
-    consumer: &BaseConsumer<ConnectorContext>,
-    wake: &QueueWake,
-    events: &mpsc::Sender<ConsumerEvent>,
-    stop: &AtomicBool,
-) {
-    let mut last_positions = Instant::now();
-    let mut sent_positions: Option<Positions> = None;
-    let mut rebalances = consumer.context().rebalances();
-    let mut last_activity = Instant::now();
-    while !stop.load(Ordering::SeqCst) {
-        let active = last_activity.elapsed() < SETTLE;
-        // librdkafka writes only when an element lands on an empty queue: with elements left
-        // (a full batch handed over) there is no wake-up to wait for.
-        if wake.queued() == 0 {
-            wake.wait(if active { POLL_TIMEOUT } else { QUIET_POLL });
+/// Waits until the eventfd was written (and clears it), or `timeout`.
+async fn wait(ready: &AsyncFd<OwnedFd>, timeout: Duration) {
+    let written = async {
+        loop {
+            let Ok(mut guard) = ready.readable().await else {
+                // Not pollable any more: fall back to the timer.
+                return std::future::pending::<()>().await;
+            };
+            // Read until empty: readiness is cleared only once a read would block, so a
+            // write after that read wakes the next wait.
+            let mut read_any = false;
+            let _: Result<std::io::Result<()>, _> = guard.try_io(|fd| loop {
+                queue_wake::read(fd.get_ref())?;
+                read_any = true;
+            });
+            if read_any {
+                return;
+            }
         }
-        if stop.load(Ordering::SeqCst) {
-            break;
+    };
+    let _ = tokio::time::timeout(timeout, written).await;
+}
+
+/// One connection's polling state, moved onto the blocking pool for each round. The queue's
+/// eventfd is declared first so that it is dropped, and librdkafka stops writing to it,
+/// before the consumer's last reference.
+struct Poller {
+    wake: QueueWake,
+    consumer: Arc<BaseConsumer<ConnectorContext>>,
+    events: mpsc::Sender<ConsumerEvent>,
+    last_positions: Instant,
+    sent_positions: Option<Positions>,
+    rebalances: u64,
+    last_activity: Instant,
+}
+
+impl Poller {
+    /// How long to wait for librdkafka before the next round.
+    fn timeout(&self) -> Duration {
+        if self.last_activity.elapsed() < SETTLE {
+            POLL_TIMEOUT
+        } else {
+            QUIET_POLL
         }
+    }
+
+    /// Polls what is ready and hands it over, then the positions when due. False when the
+    /// supervisor is gone.
+    fn round(&mut self) -> bool {
+        let consumer = &*self.consumer;
+        let active = self.last_activity.elapsed() < SETTLE;
         // What is ready, up to BATCH messages: one hand-over (and one wake-up of the
         // supervisor) per batch, not per message. A poll that served an event (a log,
         // statistics, a rebalance) returns nothing, so the queue's length says when to stop;
@@ -107,12 +170,12 @@ fn poll_until_stopped(
                 }
                 None => {
                     let now_rebalances = consumer.context().rebalances();
-                    if now_rebalances != rebalances {
-                        rebalances = now_rebalances;
+                    if now_rebalances != self.rebalances {
+                        self.rebalances = now_rebalances;
                         rebalanced = true;
                         break;
                     }
-                    if wake.queued() == 0 {
+                    if self.wake.queued() == 0 {
                         break;
                     }
                 }
@@ -120,49 +183,48 @@ fn poll_until_stopped(
         }
         let idle = batch.is_empty() && error.is_none();
         if !idle || rebalanced {
-            last_activity = Instant::now();
+            self.last_activity = Instant::now();
         }
         if !batch.is_empty()
-            && events
+            && self
+                .events
                 .blocking_send(ConsumerEvent::Messages(batch))
                 .is_err()
         {
-            break;
+            return false;
         }
         if let Some(e) = error {
-            if events.blocking_send(ConsumerEvent::Error(e)).is_err() {
-                break;
+            if self.events.blocking_send(ConsumerEvent::Error(e)).is_err() {
+                return false;
             }
         }
         // While active as before; once quiet, every QUIET_POLL, and sent only when they moved.
         let due = if rebalanced {
             true
-        } else if active || last_activity.elapsed() < SETTLE {
-            idle || last_positions.elapsed() >= POSITION_INTERVAL
+        } else if active || self.last_activity.elapsed() < SETTLE {
+            idle || self.last_positions.elapsed() >= POSITION_INTERVAL
         } else {
-            last_positions.elapsed() >= QUIET_POLL
+            self.last_positions.elapsed() >= QUIET_POLL
         };
         if !due {
-            continue;
+            return true;
         }
-        last_positions = Instant::now();
+        self.last_positions = Instant::now();
         let Some(positions) = positions(consumer) else {
-            continue;
+            return true;
         };
-        let moved = sent_positions.as_ref() != Some(&positions);
+        let moved = self.sent_positions.as_ref() != Some(&positions);
         if moved {
-            last_activity = Instant::now();
+            self.last_activity = Instant::now();
         } else if !active {
-            continue;
+            return true;
         }
-        sent_positions = Some(positions.clone());
-        if !positions.is_empty()
-            && events
+        self.sent_positions = Some(positions.clone());
+        positions.is_empty()
+            || self
+                .events
                 .blocking_send(ConsumerEvent::Positions(positions))
-                .is_err()
-        {
-            break;
-        }
+                .is_ok()
     }
 }
 

@@ -1,19 +1,19 @@
-//! Wakes the poll thread when librdkafka has something for it, instead of on a timer.
+//! Wakes the poll task when librdkafka has something for it, instead of on a timer.
 //!
 //! librdkafka writes a payload to an application's file descriptor when an element lands on
 //! an empty queue (`rd_kafka_queue_io_event_enable`), once until the queue is polled again.
 //! The consumer queue is the last queue of the consumer's forward chain (rust-rdkafka routes
 //! the main queue, with logs, statistics and rebalances, into it), so one eventfd carries
-//! every reason to poll. The same eventfd is written to stop the thread.
+//! every reason to poll. The same eventfd is written to stop the task.
 //!
 //! Unsafe: librdkafka's queue API through rdkafka-sys, and eventfd/poll through libc.
 #![allow(unsafe_code)]
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::Duration;
-
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
 use crate::consumer::context::ConnectorContext;
 
@@ -31,7 +31,7 @@ pub(crate) struct QueueWake {
 // librdkafka does under the queue's lock; the handle is owned by one thread at a time.
 unsafe impl Send for QueueWake {}
 
-/// The half that wakes the poll thread from elsewhere (to stop it).
+/// The half that wakes the poll task from elsewhere (to stop it).
 #[derive(Clone)]
 pub(crate) struct Waker {
     fd: std::sync::Arc<OwnedFd>,
@@ -52,7 +52,7 @@ impl QueueWake {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let stop_fd = fd.try_clone()?;
         // SAFETY: the consumer's handle is valid while `consumer` lives; the queue reference
-        // is destroyed in Drop, which the poll thread runs before the consumer is dropped.
+        // is destroyed in Drop, which the poll task runs before the consumer is dropped.
         let queue = unsafe { rdsys::rd_kafka_queue_get_consumer(consumer.client().native_ptr()) };
         if queue.is_null() {
             return Err(std::io::Error::other("the consumer has no consumer queue"));
@@ -73,28 +73,14 @@ impl QueueWake {
         Ok((Self { fd, queue }, waker))
     }
 
-    /// Waits until librdkafka (or the waker) wrote, or `timeout`; clears what was written.
-    pub(crate) fn wait(&self, timeout: Duration) {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: one valid pollfd.
-        let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if ready <= 0 {
-            return;
-        }
-        let mut counter = 0u64;
-        // SAFETY: an 8-byte read into a u64 from a non-blocking eventfd.
-        let _ = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                std::ptr::from_mut(&mut counter).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
+    /// The eventfd, registered with the runtime's reactor (readable when written). Call
+    /// within the runtime.
+    pub(crate) fn register(&self) -> std::io::Result<AsyncFd<OwnedFd>> {
+        let fd = self.fd.try_clone()?;
+        // SAFETY: an OwnedFd stays open, and is the same descriptor, until the AsyncFd that
+        // owns it is dropped.
+        unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+            .map_err(|e| e.into_parts().1)
     }
 
     /// Elements waiting in the consumer queue.
@@ -102,6 +88,23 @@ impl QueueWake {
         // SAFETY: the queue reference is valid until Drop.
         unsafe { rdsys::rd_kafka_queue_length(self.queue) }
     }
+}
+
+/// Reads (and so clears) what was written to the eventfd `fd`; `WouldBlock` when nothing was.
+pub(crate) fn read(fd: &OwnedFd) -> std::io::Result<()> {
+    let mut counter = 0u64;
+    // SAFETY: an 8-byte read into a u64 from a non-blocking eventfd.
+    let n = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            std::ptr::from_mut(&mut counter).cast(),
+            std::mem::size_of::<u64>(),
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Drop for QueueWake {
@@ -116,7 +119,7 @@ impl Drop for QueueWake {
 }
 
 impl Waker {
-    /// Wakes the waiting thread.
+    /// Wakes the waiting task.
     pub(crate) fn wake(&self) {
         let one = 1u64;
         // SAFETY: an 8-byte write to an eventfd; a full counter (never here) only fails.

@@ -96,7 +96,7 @@ impl ConnectionSupervisor {
         let events = self.events_tx.clone();
         let poll_thread = PollThread::spawn(&self.name, &self.consumer, events)?;
         let answers = self.commit_answers_tx.clone();
-        self.threads = Some(Threads::spawn(&self.name, &self.consumer, answers)?);
+        self.threads = Some(Threads::spawn(&self.name, &self.consumer, answers));
         metrics::register_connection(
             &self.name,
             self.triggers.all.iter().map(|t| t.name.as_str()),

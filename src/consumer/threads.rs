@@ -1,12 +1,13 @@
-//! A connection's own threads: the poll thread (librdkafka's events, off the runtime) and the
-//! ops thread (one commit request at a time, and pauses and resumes in the order decided,
-//! off the runtime).
+//! A connection's own tasks, which hold no thread while they wait: the poll task
+//! (librdkafka's events, polled on the blocking pool) and the ops task (one commit request
+//! at a time, and pauses and resumes in the order decided, on the blocking pool).
 
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use crate::consumer::commit_thread::{self, CommitBatch, Op};
 use crate::consumer::poll_loop::{self, FlowOp};
@@ -15,11 +16,11 @@ use crate::consumer::setup::{Consumer_, SupervisorError};
 use crate::core::committer::CommitResult;
 use crate::dispatch::event::TopicPartition;
 
-/// The poll thread of a connection, while it runs.
+/// The poll task of a connection, while it runs.
 pub(super) struct PollThread {
     stop: Arc<AtomicBool>,
     waker: Waker,
-    handle: std::thread::JoinHandle<()>,
+    handle: JoinHandle<()>,
 }
 
 impl PollThread {
@@ -31,7 +32,7 @@ impl PollThread {
     ) -> Result<Self, SupervisorError> {
         let stop = Arc::new(AtomicBool::new(false));
         let (handle, waker) =
-            poll_loop::spawn_poll_loop(name, Arc::clone(consumer), events, Arc::clone(&stop))
+            poll_loop::spawn_poll_loop(Arc::clone(consumer), events, Arc::clone(&stop))
                 .map_err(|e| SupervisorError::Thread(name.to_owned(), e))?;
         Ok(Self {
             stop,
@@ -40,52 +41,49 @@ impl PollThread {
         })
     }
 
-    /// Stops polling and waits for the thread, which closes the consumer if it holds the
+    /// Stops polling and waits for the task, which closes the consumer if it holds the
     /// last reference.
     pub(super) async fn join(self) {
         self.stop.store(true, AtomicOrdering::SeqCst);
         self.waker.wake();
-        let handle = self.handle;
-        let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        let _ = self.handle.await;
     }
 }
 
-/// The ops thread of a connection (commits, pauses and resumes, in order), while it runs.
+/// The ops task of a connection (commits, pauses and resumes, in order), while it runs.
 pub(super) struct Threads {
-    ops: std::sync::mpsc::Sender<Op>,
-    ops_thread: std::thread::JoinHandle<()>,
+    ops: mpsc::UnboundedSender<Op>,
+    ops_task: JoinHandle<()>,
 }
 
 impl Threads {
-    /// Starts the ops thread of connection `name`; commit answers arrive on `answers`.
+    /// Starts the ops task of connection `name`; commit answers arrive on `answers`.
     pub(super) fn spawn(
         name: &str,
         consumer: &Arc<Consumer_>,
         answers: mpsc::UnboundedSender<Vec<CommitResult>>,
-    ) -> Result<Self, SupervisorError> {
-        let (ops, ops_thread) = commit_thread::spawn(name, Arc::clone(consumer), answers)
-            .map_err(|e| SupervisorError::Thread(name.to_owned(), e))?;
-        Ok(Self { ops, ops_thread })
+    ) -> Self {
+        let (ops, ops_task) = commit_thread::spawn(name, Arc::clone(consumer), answers);
+        Self { ops, ops_task }
     }
 
-    /// Hands a commit request to the ops thread; fails when the thread has ended.
+    /// Hands a commit request to the ops task; fails when the task has ended.
     pub(super) fn commit(&self, name: &str, batch: CommitBatch) -> Result<(), SupervisorError> {
         self.ops.send(Op::Commit(batch)).map_err(|_| {
-            let e = std::io::Error::other("the commit thread ended");
+            let e = std::io::Error::other("the ops task ended");
             SupervisorError::Thread(name.to_owned(), e)
         })
     }
 
-    /// Lets the thread finish what it was given and waits for it: its commit request is
+    /// Lets the task finish what it was given and waits for it: its commit request is
     /// answered before anything commits after it.
     pub(super) async fn join(self) {
         drop(self.ops);
-        let ops_thread = self.ops_thread;
-        let _ = tokio::task::spawn_blocking(move || ops_thread.join()).await;
+        let _ = self.ops_task.await;
     }
 }
 
-/// Pauses or resumes `tps` through the ops thread of `threads` (in the order decided), or
+/// Pauses or resumes `tps` through the ops task of `threads` (in the order decided), or
 /// on this thread while it does not run (before the connection runs, during shutdown).
 pub(super) fn pause_or_resume(
     threads: Option<&Threads>,
@@ -102,7 +100,7 @@ pub(super) fn pause_or_resume(
     let op = match threads {
         Some(t) => match t.ops.send(Op::Flow(op)) {
             Ok(()) => return,
-            Err(std::sync::mpsc::SendError(Op::Flow(op))) => op,
+            Err(mpsc::error::SendError(Op::Flow(op))) => op,
             Err(_) => return,
         },
         None => op,
