@@ -53,7 +53,7 @@ pub struct TriggerConfig {
     /// cannot be evaluated on (a missing field, a wrong type) counts as not matching
     /// (`outcome="filter_error"`). Compiled when the configuration is loaded. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub filter: Option<crate::run::filter::Filter>,
+    pub filter: Option<crate::config::filter::Filter>,
     /// Records older than this (by their Kafka timestamp, against the clock, checked before
     /// every attempt) start no run: `on_expired` applies. Records without a timestamp never
     /// expire. Default: none.

@@ -42,6 +42,20 @@ fn is_utf8(encoding: &&'static str) -> bool {
     *encoding == UTF8
 }
 
+impl crate::config::filter::FilterHeader for EventHeader {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn value(&self) -> Option<&str> {
+        self.value.as_deref()
+    }
+
+    fn base64(&self) -> bool {
+        self.encoding == BASE64
+    }
+}
+
 /// The JSON body POSTed to the run dispatcher.
 #[derive(Clone, Debug, Serialize)]
 pub struct Event<'a> {
@@ -112,6 +126,7 @@ pub fn headers_of(msg: &OwnedMessage) -> Vec<EventHeader> {
 }
 
 const UTF8: &str = "utf8";
+const BASE64: &str = "base64";
 
 /// `bytes` as text when they are UTF-8, else in base64, with the encoding's name.
 fn text_or_base64(bytes: &[u8]) -> (String, &'static str) {
@@ -119,7 +134,7 @@ fn text_or_base64(bytes: &[u8]) -> (String, &'static str) {
         Ok(s) => (s.to_owned(), UTF8),
         Err(_) => (
             base64::engine::general_purpose::STANDARD.encode(bytes),
-            "base64",
+            BASE64,
         ),
     }
 }
@@ -387,5 +402,48 @@ mod tests {
             assert!(has_invalid_traceparent(&header(bad)), "{bad:?}");
         }
         assert!(!has_invalid_traceparent(&[]));
+    }
+
+    #[test]
+    fn a_filter_reads_the_events_headers_as_text_bytes_or_null() {
+        use crate::config::filter::{Filter, FilterInput, Verdict};
+        use rdkafka::message::{Header, OwnedHeaders};
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "source",
+                value: Some("checkout"),
+            })
+            .insert(Header {
+                key: "bin",
+                value: Some(&[0xff_u8][..]),
+            })
+            .insert(Header::<&str> {
+                key: "none",
+                value: None,
+            });
+        let msg = OwnedMessage::new(
+            None,
+            None,
+            "t".into(),
+            Timestamp::NotAvailable,
+            0,
+            0,
+            Some(headers),
+        );
+        let headers = headers_of(&msg);
+        let input = FilterInput {
+            key: &Json::Null,
+            value: &Json::Null,
+            headers: &headers,
+            topic: "t",
+            partition: 0,
+            offset: 0,
+            timestamp_ms: None,
+        };
+        let filter = Filter::compile(
+            r#"headers.source == "checkout" && headers.bin == b'\xff' && headers.none == null"#,
+        )
+        .unwrap();
+        assert_eq!(filter.evaluate(&input), Verdict::Match);
     }
 }
