@@ -22,10 +22,10 @@
 //! with the same attributes as members ([`CloudEvents::structured`]).
 
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::Message;
 use serde_json::Value as Json;
 
-use super::event::{self, EventHeader, EventSource};
+use super::event::{self, EventRecord, EventSource};
 use crate::codec::Decoded;
 use crate::config::{DispatcherConfig, Envelope};
 
@@ -34,18 +34,11 @@ use crate::config::{DispatcherConfig, Envelope};
 pub fn request(
     cloudevents: Option<&CloudEvents>,
     source: EventSource<'_>,
-    id: &str,
-    msg: &OwnedMessage,
-    headers: &[EventHeader],
-    key: &Decoded,
-    value: &Decoded,
+    record: &EventRecord<'_>,
 ) -> (Vec<u8>, HeaderMap) {
     match cloudevents {
-        None => (
-            event::render(source, id, msg, headers, key, value),
-            HeaderMap::new(),
-        ),
-        Some(ce) => ce.render(&ce_record(id, msg, key, value)),
+        None => (event::render(source, record), HeaderMap::new()),
+        Some(ce) => ce.render(&ce_record(record)),
     }
 }
 
@@ -188,20 +181,16 @@ pub fn structured_batch(events: &[Json]) -> (Vec<u8>, HeaderMap) {
 }
 
 /// A record's CloudEvents view (for a single event's request and for each event of a batch).
-pub fn ce_record<'a>(
-    id: &'a str,
-    msg: &'a OwnedMessage,
-    key: &'a Decoded,
-    value: &'a Decoded,
-) -> CeRecord<'a> {
+pub fn ce_record<'a>(record: &EventRecord<'a>) -> CeRecord<'a> {
+    let msg = record.msg;
     CeRecord {
-        id,
+        id: record.id,
         topic: msg.topic(),
         partition: msg.partition(),
         offset: msg.offset(),
         timestamp_ms: msg.timestamp().to_millis(),
-        key: &key.value,
-        value,
+        key: &record.key.value,
+        value: record.value,
         payload: msg.payload(),
     }
 }

@@ -56,18 +56,27 @@ impl crate::config::filter::FilterHeader for EventHeader {
     }
 }
 
-/// The JSON body POSTed to the run dispatcher.
+/// The members an event and a batch begin with, in this order (docs/event.md).
 #[derive(Clone, Debug, Serialize)]
-pub struct Event<'a> {
-    /// The idempotency key: stable for this record in this consumer group.
+pub struct Lead<'a> {
+    /// The idempotency key: stable for this record (or batch) in this consumer group; a
+    /// batch's is also its `Idempotency-Key` header.
     pub id: &'a str,
-    /// `connection`, `trigger` and `workflow`, members of the event itself.
+    /// `connection`, `trigger` and `workflow`, members of the event (or batch) itself.
     #[serde(flatten)]
     pub source: EventSource<'a>,
     /// Topic.
     pub topic: &'a str,
     /// Partition.
     pub partition: i32,
+}
+
+/// The JSON body POSTed to the run dispatcher.
+#[derive(Clone, Debug, Serialize)]
+pub struct Event<'a> {
+    /// `id`, `connection`, `trigger`, `workflow`, `topic` and `partition`.
+    #[serde(flatten)]
+    pub lead: Lead<'a>,
     /// Offset.
     pub offset: i64,
     /// Record timestamp, RFC 3339 with milliseconds, UTC; null when the record has none.
@@ -187,25 +196,42 @@ fn valid_traceparent(v: &str) -> Option<&str> {
     }
 }
 
-/// Serialises the event for `msg`.
-pub fn render(
-    source: EventSource<'_>,
-    id: &str,
-    msg: &OwnedMessage,
-    headers: &[EventHeader],
-    key: &Decoded,
-    value: &Decoded,
-) -> Vec<u8> {
+/// A decoded record, as its event (or CloudEvent) is rendered from it.
+#[derive(Clone, Copy, Debug)]
+pub struct EventRecord<'a> {
+    /// The idempotency key.
+    pub id: &'a str,
+    /// The record.
+    pub msg: &'a OwnedMessage,
+    /// Its headers ([`headers_of`]).
+    pub headers: &'a [EventHeader],
+    /// The decoded key.
+    pub key: &'a Decoded,
+    /// The decoded value.
+    pub value: &'a Decoded,
+}
+
+/// Serialises the event for `record`.
+pub fn render(source: EventSource<'_>, record: &EventRecord<'_>) -> Vec<u8> {
+    let EventRecord {
+        id,
+        msg,
+        headers,
+        key,
+        value,
+    } = *record;
     let (timestamp_ms, timestamp_type) = match msg.timestamp() {
         Timestamp::NotAvailable => (None, "not_available"),
         Timestamp::CreateTime(t) => (Some(t), "create_time"),
         Timestamp::LogAppendTime(t) => (Some(t), "log_append_time"),
     };
     let event = Event {
-        id,
-        source,
-        topic: msg.topic(),
-        partition: msg.partition(),
+        lead: Lead {
+            id,
+            source,
+            topic: msg.topic(),
+            partition: msg.partition(),
+        },
         offset: msg.offset(),
         timestamp: timestamp_ms.map(crate::codec::rfc3339_millis),
         timestamp_ms,
@@ -234,15 +260,9 @@ pub fn render(
 /// What a batch request says of itself, besides its events.
 #[derive(Clone, Debug, Serialize)]
 pub struct BatchHead<'a> {
-    /// The batch's idempotency key (also its `Idempotency-Key` header).
-    pub id: &'a str,
-    /// `connection`, `trigger` and `workflow`, members of the batch itself.
+    /// `id`, `connection`, `trigger`, `workflow`, `topic` and `partition`.
     #[serde(flatten)]
-    pub source: EventSource<'a>,
-    /// Topic.
-    pub topic: &'a str,
-    /// Partition.
-    pub partition: i32,
+    pub lead: Lead<'a>,
     /// The first event's offset.
     pub first_offset: i64,
     /// The last event's offset.
@@ -325,11 +345,13 @@ mod tests {
         };
         let body = render(
             source,
-            "kafka:g:t:0:3",
-            &msg,
-            &[],
-            &decoded(Json::from("k")),
-            &decoded(serde_json::json!({})),
+            &EventRecord {
+                id: "kafka:g:t:0:3",
+                msg: &msg,
+                headers: &[],
+                key: &decoded(Json::from("k")),
+                value: &decoded(serde_json::json!({})),
+            },
         );
         let v: Json = serde_json::from_slice(&body).unwrap();
         let after = [
@@ -353,14 +375,16 @@ mod tests {
     #[test]
     fn a_batch_body_is_its_head_and_its_events() {
         let head = BatchHead {
-            id: "kafka:g:t:0:3-4:2",
-            source: EventSource {
-                connection: "c",
-                trigger: "tr",
-                workflow: "w",
+            lead: Lead {
+                id: "kafka:g:t:0:3-4:2",
+                source: EventSource {
+                    connection: "c",
+                    trigger: "tr",
+                    workflow: "w",
+                },
+                topic: "t",
+                partition: 0,
             },
-            topic: "t",
-            partition: 0,
             first_offset: 3,
             last_offset: 4,
             count: 2,
