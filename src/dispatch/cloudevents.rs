@@ -375,10 +375,13 @@ mod tests {
         let dispatcher = crate::dispatch::HttpDispatcher::try_new(&config).unwrap();
         let key = json!("k");
         let text = decoded("string", json!("héllo"));
-        let (body, headers) = ce().render(&record(&key, &text, None));
-        let outcome = dispatcher
-            .dispatch_with(body, "kafka:g:orders:2:17", None, headers)
-            .await;
+        let (body, envelope) = ce().render(&record(&key, &text, None));
+        let request = crate::dispatch::DispatchRequest {
+            key: "kafka:g:orders:2:17".to_owned(),
+            body,
+            envelope,
+        };
+        let (outcome, _) = dispatcher.send(request, None, false).await;
         assert_eq!(outcome.label(), "accepted");
         let request = server.await.unwrap();
         assert_eq!(request.matches("content-type:").count(), 1, "{request}");

@@ -15,7 +15,6 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use hyper::header::HeaderMap;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
@@ -32,8 +31,8 @@ use crate::core::batch::{self, BatchLimits};
 use crate::dispatch::cloudevents::CloudEvents;
 use crate::dispatch::event::{self, EventRecord, EventSource};
 use crate::dispatch::retry::Backoff;
-use crate::dispatch::{DispatchOutcome, HttpDispatcher};
-use crate::run::body::{Rendered, Renderer, Request};
+use crate::dispatch::{DispatchOutcome, DispatchRequest, HttpDispatcher};
+use crate::run::body::{Rendered, Renderer};
 use crate::run::{decide, Next, Observed, RetryPolicy};
 
 /// How long a partition may yield no record before its end is reached.
@@ -317,9 +316,12 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
         let Some(limits) = self.limits else {
             let (body, envelope) = self.renderer().single(&record);
             let traceparent = event::traceparent(&headers).map(str::to_owned);
-            return self
-                .send_one(at, &id, body, envelope, traceparent.as_deref())
-                .await;
+            let request = DispatchRequest {
+                key: id.clone(),
+                body,
+                envelope,
+            };
+            return self.send_one(at, request, traceparent.as_deref()).await;
         };
         let event = self.renderer().event(&record);
         // A batch holds one original partition's records, within the trigger's bounds.
@@ -407,11 +409,10 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
     async fn send_one(
         &mut self,
         at: (i32, i64),
-        id: &str,
-        body: Vec<u8>,
-        envelope: HeaderMap,
+        request: DispatchRequest,
         traceparent: Option<&str>,
     ) -> anyhow::Result<()> {
+        let id = request.key.as_str();
         self.summary.requests += 1;
         if self.dry_run {
             self.report(at, id, Some(id), 0, "dry_run");
@@ -421,9 +422,9 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            let outcome = self
+            let (outcome, _) = self
                 .dispatcher
-                .dispatch_with(body.clone(), id, traceparent, envelope.clone())
+                .send(request.clone(), traceparent, false)
                 .await;
             let (observed, reason) = observe(&outcome, &mut transient);
             match decide(observed, transient, &self.policy) {
@@ -473,11 +474,8 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
         let mut transient = 0u32;
         let mut stopped = None;
         while let Some(group) = stack.last().cloned() {
-            let Request {
-                key,
-                body,
-                envelope,
-            } = self.batch_request(&records, &group, conflict_nonce);
+            let request = self.batch_request(&records, &group, conflict_nonce);
+            let key = request.key.clone();
             self.summary.requests += 1;
             if self.dry_run {
                 for &i in &group {
@@ -489,10 +487,7 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
             for &i in &group {
                 attempts[i] += 1;
             }
-            let (outcome, answer) = self
-                .dispatcher
-                .dispatch_batch(body, &key, None, envelope)
-                .await;
+            let (outcome, answer) = self.dispatcher.send(request, None, true).await;
             let next = match &outcome {
                 DispatchOutcome::Accepted { status: 409 } if conflict_nonce.is_none() => {
                     conflict_nonce = Some(rand::random());
@@ -588,7 +583,7 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
         records: &[Pending],
         group: &[usize],
         conflict_nonce: Option<u64>,
-    ) -> Request {
+    ) -> DispatchRequest {
         let first = &records[group[0]].original;
         let last = &records[group[group.len() - 1]].original;
         let events = group.iter().map(|&i| records[i].event.clone());

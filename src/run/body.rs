@@ -13,7 +13,7 @@ use crate::codec::Decoded;
 use crate::core::batch;
 use crate::dispatch::cloudevents::{self, CloudEvents};
 use crate::dispatch::event::{self, EventHeader, EventRecord, EventSource};
-use crate::dispatch::DispatchOutcome;
+use crate::dispatch::{DispatchOutcome, DispatchRequest};
 
 /// Whether a run of `trigger` with `records` records goes as a batch (a batch trigger's run,
 /// even of one record).
@@ -81,7 +81,7 @@ impl Renderer<'_> {
         count: usize,
         conflict_nonce: Option<u64>,
         events: impl IntoIterator<Item = Rendered>,
-    ) -> Request {
+    ) -> DispatchRequest {
         let (mut tessel, mut structured) = (Vec::new(), Vec::new());
         for e in events {
             match e {
@@ -106,7 +106,7 @@ impl Renderer<'_> {
             };
             (event::render_batch(&head, &tessel), HeaderMap::new())
         };
-        Request {
+        DispatchRequest {
             key,
             body,
             envelope,
@@ -146,13 +146,6 @@ pub(super) fn render(
     renderer(trigger).record(batch, &record)
 }
 
-/// One request: its Idempotency-Key, its body and the headers its envelope adds.
-pub(crate) struct Request {
-    pub(crate) key: String,
-    pub(crate) body: Vec<u8>,
-    pub(crate) envelope: HeaderMap,
-}
-
 /// The request for the records `group` of `records`, each rendered by this attempt (the
 /// renderings are taken): a single record's event under its own key, or the batch body under
 /// the batch's key ([`Renderer::batch`]).
@@ -162,7 +155,7 @@ pub(super) fn request(
     records: &mut [Record],
     group: &[usize],
     conflict_nonce: Option<u64>,
-) -> Request {
+) -> DispatchRequest {
     let mut events = group.iter().filter_map(|&i| records[i].event.take());
     if !batch {
         let (body, envelope) = match events.next() {
@@ -171,7 +164,7 @@ pub(super) fn request(
             _ => (b"{}".to_vec(), HeaderMap::new()),
         };
         let key = records[group[0]].id.clone();
-        return Request {
+        return DispatchRequest {
             key,
             body,
             envelope,
@@ -187,25 +180,10 @@ pub(super) fn request(
 pub(super) async fn send(
     trigger: &TriggerRuntime,
     batch: bool,
-    request: Request,
+    request: DispatchRequest,
     traceparent: Option<&str>,
 ) -> (DispatchOutcome, Bytes) {
-    let Request {
-        key,
-        body,
-        envelope,
-    } = request;
-    let dispatcher = &trigger.dispatcher;
-    if batch {
-        dispatcher
-            .dispatch_batch(body, &key, traceparent, envelope)
-            .await
-    } else {
-        let outcome = dispatcher
-            .dispatch_with(body, &key, traceparent, envelope)
-            .await;
-        (outcome, Bytes::new())
-    }
+    trigger.dispatcher.send(request, traceparent, batch).await
 }
 
 /// How an answer that accepts a request is read.
