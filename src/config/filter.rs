@@ -507,7 +507,7 @@ fn check_nesting(source: &str) -> Result<usize, FilterError> {
                     continue;
                 }
                 if word == b"in" {
-                    levels.last_mut().expect("the expression's level").ops += 1;
+                    current(&mut levels).ops += 1;
                     after_operand = false;
                     "operator"
                 } else {
@@ -521,7 +521,7 @@ fn check_nesting(source: &str) -> Result<usize, FilterError> {
                     (b'(', true) => "call",
                     (b'(', false) => "parenthesis",
                     (b'[', true) => {
-                        levels.last_mut().expect("the expression's level").ops += 1;
+                        current(&mut levels).ops += 1;
                         "index"
                     }
                     (b'[', false) => "bracket",
@@ -538,49 +538,37 @@ fn check_nesting(source: &str) -> Result<usize, FilterError> {
                 i += 1;
                 if levels.len() > 1 {
                     let closed = levels.pop().expect("more than one level").depth();
-                    let level = levels.last_mut().expect("the expression's level");
+                    let level = current(&mut levels);
                     level.inner = level.inner.max(closed);
                 }
                 after_operand = true;
                 // A closing bracket adds no depth: what it closed was counted already.
                 continue;
             }
-            b',' | b':' => {
-                i += 1;
-                levels
-                    .last_mut()
-                    .expect("the expression's level")
-                    .end_operand();
-                after_operand = false;
-                continue;
-            }
-            b'&' | b'|' if next == Some(bytes[i]) => {
-                i += 2;
-                levels
-                    .last_mut()
-                    .expect("the expression's level")
-                    .end_operand();
+            // What separates operands: `,`, `:`, `&&` and `||`.
+            sep @ (b',' | b':' | b'&' | b'|')
+                if matches!(sep, b',' | b':') || next == Some(sep) =>
+            {
+                i += if matches!(sep, b'&' | b'|') { 2 } else { 1 };
+                current(&mut levels).end_operand();
                 after_operand = false;
                 continue;
             }
             b'?' => {
                 i += 1;
-                levels
-                    .last_mut()
-                    .expect("the expression's level")
-                    .conditionals += 1;
+                current(&mut levels).conditionals += 1;
                 after_operand = false;
                 "conditional"
             }
             b'.' => {
                 i += 1;
-                levels.last_mut().expect("the expression's level").ops += 1;
+                current(&mut levels).ops += 1;
                 after_operand = false;
                 "field selection"
             }
             b'!' | b'-' if !after_operand && next != Some(b'=') => {
                 i += 1;
-                levels.last_mut().expect("the expression's level").ops += 1;
+                current(&mut levels).ops += 1;
                 "unary operator"
             }
             b'=' | b'!' | b'<' | b'>' | b'+' | b'-' | b'*' | b'/' | b'%' => {
@@ -588,7 +576,7 @@ fn check_nesting(source: &str) -> Result<usize, FilterError> {
                 if next == Some(b'=') {
                     i += 1;
                 }
-                levels.last_mut().expect("the expression's level").ops += 1;
+                current(&mut levels).ops += 1;
                 after_operand = false;
                 "operator"
             }
@@ -618,6 +606,11 @@ fn check_nesting(source: &str) -> Result<usize, FilterError> {
         }
     }
     Ok(deepest)
+}
+
+/// The innermost bracket [`check_nesting`] is in (the expression itself is never popped).
+fn current(levels: &mut [Level]) -> &mut Level {
+    levels.last_mut().expect("the expression's level")
 }
 
 /// The index after the string literal whose opening quote is at `start` (`'…'`, `"…"`, or

@@ -524,6 +524,22 @@ mod tests {
         Ok((registry, notices))
     }
 
+    /// The pasted registry has these basic-auth credentials.
+    fn assert_credentials(r: Option<RegistryConfig>, username: &str, password: &str) {
+        let r = r.expect("a registry");
+        assert_eq!(r.username.as_deref(), Some(username));
+        assert_eq!(r.password.expect("a password").expose(), password);
+    }
+
+    /// Why a registry URL without user info, with credentials from `source`, is refused.
+    fn refusal_without_credentials(source: &str) -> String {
+        paste(&[
+            ("schema.registry.url", "https://sr.example.invalid"),
+            ("basic.auth.credentials.source", source),
+        ])
+        .unwrap_err()
+    }
+
     #[test]
     fn user_info_becomes_username_and_password_and_is_never_shown() {
         let (r, notices) = paste(&[
@@ -555,14 +571,8 @@ mod tests {
             ("sasl.password", "rp-pass"),
         ])
         .unwrap();
-        let r = r.unwrap();
-        assert_eq!(r.username.as_deref(), Some("rp-user"));
-        assert_eq!(r.password.unwrap().expose(), "rp-pass");
-        let e = paste(&[
-            ("schema.registry.url", "https://sr.example.invalid"),
-            ("basic.auth.credentials.source", "SASL_INHERIT"),
-        ])
-        .unwrap_err();
+        assert_credentials(r, "rp-user", "rp-pass");
+        let e = refusal_without_credentials("SASL_INHERIT");
         assert!(e.contains("sasl.username"), "{e}");
     }
 
@@ -576,18 +586,10 @@ mod tests {
             ("basic.auth.credentials.source", "URL"),
         ])
         .unwrap();
-        let r = r.unwrap();
-        assert_eq!(
-            r.url.expose().as_str(),
-            "https://sr.example.invalid/apis/ccompat/v7"
-        );
-        assert_eq!(r.username.as_deref(), Some("sr-user"));
-        assert_eq!(r.password.unwrap().expose(), "p@ss");
-        let e = paste(&[
-            ("schema.registry.url", "https://sr.example.invalid"),
-            ("basic.auth.credentials.source", "URL"),
-        ])
-        .unwrap_err();
+        let url = r.as_ref().map(|r| r.url.expose().to_string());
+        assert_eq!(url.unwrap(), "https://sr.example.invalid/apis/ccompat/v7");
+        assert_credentials(r, "sr-user", "p@ss");
+        let e = refusal_without_credentials("URL");
         assert!(e.contains("user info"), "{e}");
     }
 
