@@ -90,6 +90,13 @@ fn is_java_store(path: &str) -> bool {
 }
 
 impl PastedRegistry {
+    /// `value`, pasted from `property` into `schema_registry.<field>`, with its notice.
+    fn moved<T>(&mut self, property: String, field: &str, value: T) -> Option<Pasted<T>> {
+        self.notices
+            .push(format!("kafka.\"{property}\" → schema_registry.{field}"));
+        Some(Pasted { property, value })
+    }
+
     /// Takes every registry property out of `props` (after the JAAS translation, so that
     /// `SASL_INHERIT` finds `sasl.username` and `sasl.password`).
     pub(crate) fn take(props: &mut BTreeMap<String, String>) -> Result<Self, SecurityError> {
@@ -123,12 +130,7 @@ impl PastedRegistry {
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(invalid(P, "must be an http:// or https:// URL"));
         }
-        self.url = Some(Pasted {
-            property: P.to_owned(),
-            value: Endpoint::new(parsed),
-        });
-        self.notices
-            .push(format!("kafka.\"{P}\" → schema_registry.url"));
+        self.url = self.moved(P.to_owned(), "url", Endpoint::new(parsed));
         Ok(())
     }
 
@@ -282,14 +284,8 @@ impl PastedRegistry {
             props,
             &["bearer.auth.token", "schema.registry.bearer.auth.token"],
         )? {
-            self.notices.push(format!(
-                "kafka.\"{}\" → schema_registry.bearer_token",
-                token.property
-            ));
-            self.bearer_token = Some(Pasted {
-                property: token.property,
-                value: Secret::new(token.value),
-            });
+            let value = Secret::new(token.value);
+            self.bearer_token = self.moved(token.property, "bearer_token", value);
         } else if let Some(source) = source {
             return Err(SecurityError::Missing {
                 property: "bearer.auth.token".to_owned(),
@@ -331,14 +327,7 @@ impl PastedRegistry {
                     "the registry's CA is read in PEM: convert the truststore (keytool -exportcert -rfc) and give the PEM file",
                 ));
             }
-            self.notices.push(format!(
-                "kafka.\"{}\" → schema_registry.ca_location",
-                ca.property
-            ));
-            self.ca_location = Some(Pasted {
-                property: ca.property,
-                value: PathBuf::from(ca.value),
-            });
+            self.ca_location = self.moved(ca.property, "ca_location", PathBuf::from(ca.value));
         }
         if props.contains_key(KEYSTORE) {
             return Err(invalid(
@@ -346,26 +335,15 @@ impl PastedRegistry {
                 "registry mTLS reads PEM: extract the certificate and key (openssl pkcs12 -nokeys / -nocerts -nodes) and set \"schema.registry.ssl.certificate.location\" and \"schema.registry.ssl.key.location\"",
             ));
         }
-        for (property, slot, field) in [
-            (
-                "schema.registry.ssl.certificate.location",
-                &mut self.certificate_location,
-                "certificate_location",
-            ),
-            (
-                "schema.registry.ssl.key.location",
-                &mut self.key_location,
-                "key_location",
-            ),
-        ] {
-            if let Some(value) = props.remove(property) {
-                self.notices
-                    .push(format!("kafka.\"{property}\" → schema_registry.{field}"));
-                *slot = Some(Pasted {
-                    property: property.to_owned(),
-                    value: PathBuf::from(value),
-                });
-            }
+        const CERTIFICATE: &str = "schema.registry.ssl.certificate.location";
+        const KEY: &str = "schema.registry.ssl.key.location";
+        if let Some(value) = props.remove(CERTIFICATE) {
+            let value = PathBuf::from(value);
+            self.certificate_location =
+                self.moved(CERTIFICATE.to_owned(), "certificate_location", value);
+        }
+        if let Some(value) = props.remove(KEY) {
+            self.key_location = self.moved(KEY.to_owned(), "key_location", PathBuf::from(value));
         }
         for property in [
             "schema.registry.ssl.endpoint.identification.algorithm",

@@ -476,14 +476,7 @@ mod tests {
                 let Some(head_end) = text.find("\r\n\r\n") else {
                     continue;
                 };
-                let length: usize = text[..head_end]
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase()
-                            .strip_prefix("content-length: ")
-                            .map(|v| v.trim().parse().unwrap())
-                    })
-                    .unwrap_or(0);
+                let length = crate::tls::testing::content_length(&text[..head_end]);
                 if buf.len() < head_end + 4 + length {
                     continue;
                 }
