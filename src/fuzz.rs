@@ -114,8 +114,8 @@ pub fn commit_metadata(offset: i64, metadata: &str) {
 /// expression must be a configuration error, never a crash), evaluated on a record whose
 /// value is `value` (JSON text, or the text itself as a string).
 pub fn filter(expression: &str, value: &str) {
+    use crate::config::filter::{Filter, FilterError, FilterInput, MAX_LEN};
     use crate::dispatch::event::EventHeader;
-    use crate::run::filter::{Filter, FilterError, FilterInput, MAX_LEN};
     let filter = match Filter::compile(expression) {
         Ok(filter) => filter,
         Err(FilterError::TooLong { len, .. }) => {

@@ -3,8 +3,8 @@
 //! # Layout
 //! Floors, lowest first; a module imports only from floors below its own.
 //! - [`tls`], [`config`]: TLS client settings; TOML + environment configuration, validated,
-//!   secrets redacted. (One exception left: a trigger's `filter` is compiled at load, so
-//!   `config` names [`run::filter`].)
+//!   secrets redacted, with the filter language ([`config::filter`]: a trigger's `filter` is
+//!   compiled at load).
 //! - [`telemetry`], [`codec`]: metrics, traces, logs; Confluent wire format, Schema Registry
 //!   client, Avro/Protobuf/JSON to JSON.
 //! - [`dispatch`]: the run dispatcher client, retry timing, and [`dispatch::event`], the event
@@ -14,7 +14,7 @@
 //! - [`core`]: the consumer core, pure: partition state, offsets, the commit rule, batches,
 //!   as one state machine ([`core::Core`]), and its deterministic simulator.
 //! - [`produce`]: the idempotent producer, the produce API: encode, authorize, write.
-//! - [`run`]: one run of 1..n records: record age, decode, filter, dispatch, retry,
+//! - [`run`]: one run of 1..n records: record age, decode, filter (applied), dispatch, retry,
 //!   `on_error`, dead letters.
 //! - [`consumer`]: the shell around the core per connection: poll and ops (commit, pause, resume) threads,
 //!   the supervisor, the monitor.

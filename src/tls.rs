@@ -6,7 +6,7 @@
 //! Without `ca_location` the server is verified by the platform verifier (the system's trust
 //! store), as both clients do by default.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject as _;
@@ -25,12 +25,33 @@ pub struct TlsFiles<'a> {
     pub key_location: Option<&'a Path>,
 }
 
-impl TlsFiles<'_> {
+impl<'a> TlsFiles<'a> {
+    /// The files of a client configured by its `ca_location`, `certificate_location` and
+    /// `key_location`.
+    pub fn of(
+        ca_location: &'a Option<PathBuf>,
+        certificate_location: &'a Option<PathBuf>,
+        key_location: &'a Option<PathBuf>,
+    ) -> Self {
+        Self {
+            ca_location: ca_location.as_deref(),
+            certificate_location: certificate_location.as_deref(),
+            key_location: key_location.as_deref(),
+        }
+    }
+
     /// Whether any file is configured.
     pub fn any(&self) -> bool {
         self.ca_location.is_some()
             || self.certificate_location.is_some()
             || self.key_location.is_some()
+    }
+
+    /// Why the files cannot be used together, if they cannot: a client certificate needs its
+    /// key, and a key its certificate (`role`: `registry`, `dispatcher`).
+    pub fn unpaired(&self, role: &str) -> Option<String> {
+        (self.certificate_location.is_some() != self.key_location.is_some())
+            .then(|| format!("certificate_location and key_location go together ({role} mTLS)"))
     }
 }
 

@@ -175,17 +175,20 @@ pub(crate) async fn mtls_server(pki: &Pki) -> (u16, Arc<Mutex<Seen>>) {
 /// One HTTP/1.1 request's body, or None when the connection ends first.
 pub(crate) async fn read_request(io: &mut (impl AsyncRead + Unpin)) -> Option<String> {
     let head = read_head(io).await?;
-    let length: usize = head
-        .lines()
+    let mut body = vec![0u8; content_length(&head)];
+    io.read_exact(&mut body).await.ok()?;
+    Some(String::from_utf8(body).unwrap())
+}
+
+/// The Content-Length a request or answer head gives, 0 without one.
+pub(crate) fn content_length(head: &str) -> usize {
+    head.lines()
         .find_map(|l| {
             l.to_ascii_lowercase()
                 .strip_prefix("content-length: ")
                 .map(|v| v.trim().parse().unwrap())
         })
-        .unwrap_or(0);
-    let mut body = vec![0u8; length];
-    io.read_exact(&mut body).await.ok()?;
-    Some(String::from_utf8(body).unwrap())
+        .unwrap_or(0)
 }
 
 /// A request or answer head up to its blank line, read byte by byte (nothing after it is

@@ -38,9 +38,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
             command: ConfigCommand::Check { config, json },
         } => match Config::load(&config) {
             Ok(c) if json => {
-                let out = serde_json::json!({ "notices": c.notices(), "config": c });
-                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
-                ExitCode::SUCCESS
+                print_json(&serde_json::json!({ "notices": c.notices(), "config": c }))
             }
             Ok(c) => {
                 println!("# configuration is valid; effective values, secrets redacted");
@@ -176,13 +174,7 @@ async fn tools_command(command: OffsetsCommand) -> ExitCode {
                 .map_err(anyhow::Error::from)
                 .and_then(|c| tools::offsets_show(&c, connection.as_deref()));
             match result {
-                Ok(rows) if json => {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&rows).unwrap_or_default()
-                    );
-                    ExitCode::SUCCESS
-                }
+                Ok(rows) if json => print_json(&rows),
                 Ok(rows) => {
                     println!(
                         "{:<40} {:>9} {:>12} {:>12} {:>12} {:>10}",
@@ -224,13 +216,7 @@ async fn tools_command(command: OffsetsCommand) -> ExitCode {
                 .map_err(anyhow::Error::from)
                 .and_then(|c| tools::offsets_reset(&c, connection.as_deref(), &request));
             match result {
-                Ok(report) if json => {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&report).unwrap_or_default()
-                    );
-                    ExitCode::SUCCESS
-                }
+                Ok(report) if json => print_json(&report),
                 Ok(report) => {
                     print!("{}", render_reset(&report));
                     if report.executed {
@@ -393,6 +379,15 @@ fn warnings_only(config: &Config) {
         },
         None,
     );
+}
+
+/// A command's result as pretty JSON on stdout: success.
+fn print_json(value: &impl serde::Serialize) -> ExitCode {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+    ExitCode::SUCCESS
 }
 
 fn fail(message: &str) -> ExitCode {

@@ -11,7 +11,7 @@ pub mod bench;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -117,6 +117,18 @@ pub struct DevState {
     print: bool,
 }
 
+impl DevState {
+    /// What it saw (a panic elsewhere while it was held leaves it usable).
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The fault settings.
+    fn faults(&self) -> MutexGuard<'_, Faults> {
+        self.faults.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// A dev dispatcher bound to a local address.
 #[derive(Clone)]
 pub struct DevDispatcher {
@@ -158,38 +170,23 @@ impl DevDispatcher {
 
     /// Changes the fault settings.
     pub fn faults(&self, f: impl FnOnce(&mut Faults)) {
-        f(&mut self.state.faults.lock().unwrap_or_else(|p| p.into_inner()));
+        f(&mut self.state.faults());
     }
 
     /// Accepted runs, in acceptance order (first acceptance of each key only).
     pub fn runs(&self) -> Vec<AcceptedRun> {
-        self.state
-            .inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .runs
-            .clone()
+        self.state.inner().runs.clone()
     }
 
     /// How many runs were accepted.
     pub fn accepted(&self) -> usize {
-        self.state
-            .inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .runs
-            .len()
+        self.state.inner().runs.len()
     }
 
     /// Batch requests, in arrival order (with injected failures, only those that reached the
     /// batch's events).
     pub fn batches(&self) -> Vec<BatchSeen> {
-        self.state
-            .inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .batches
-            .clone()
+        self.state.inner().batches.clone()
     }
 
     /// Requests for an idempotency key that had already been accepted.
@@ -199,18 +196,13 @@ impl DevDispatcher {
 
     /// Every request for `key`: when it arrived and the status answered.
     pub fn attempts_for(&self, key: &str) -> Vec<(std::time::Instant, u16)> {
-        let inner = self.state.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = self.state.inner();
         inner.attempts.get(key).cloned().unwrap_or_default()
     }
 
     /// Idempotency keys offered again after acceptance, in arrival order.
     pub fn repeated_keys(&self) -> Vec<String> {
-        self.state
-            .inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .repeated_keys
-            .clone()
+        self.state.inner().repeated_keys.clone()
     }
 
     /// All requests received.
@@ -240,7 +232,7 @@ async fn handle(State(state): State<Arc<DevState>>, headers: HeaderMap, body: By
     let response = respond(&state, &headers, &body).await;
     drop(in_flight);
     if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
-        let mut inner = state.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = state.inner();
         inner
             .attempts
             .entry(key.to_owned())
@@ -260,11 +252,7 @@ impl Drop for InFlight<'_> {
 }
 
 async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Response {
-    let faults = state
-        .faults
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let faults = state.faults().clone();
     let (lo, hi) = faults.latency_ms;
     if hi > 0 {
         let ms = if hi > lo {
@@ -284,7 +272,7 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
         return (StatusCode::BAD_REQUEST, "missing Idempotency-Key").into_response();
     };
     let scripted = faults.scripted.get(&key).and_then(|script| {
-        let inner = state.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = state.inner();
         let seen = inner.attempts.get(&key).map_or(0, Vec::len);
         script.get(seen).copied()
     });
@@ -321,7 +309,7 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
             header("authorization"),
         );
     }
-    let mut inner = state.inner.lock().unwrap_or_else(|p| p.into_inner());
+    let mut inner = state.inner();
     let run = AcceptedRun {
         idempotency_key: key,
         event,
@@ -391,7 +379,7 @@ fn respond_batch(
             }
         })
         .collect();
-    let mut inner = state.inner.lock().unwrap_or_else(|p| p.into_inner());
+    let mut inner = state.inner();
     let mut seen = BatchSeen {
         idempotency_key: key,
         ids: ids.clone(),

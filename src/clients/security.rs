@@ -565,24 +565,32 @@ mod tests {
             true,
         )
         .unwrap();
-        let get = |k: &str| {
-            params
-                .iter()
-                .find(|(n, _)| n == k)
-                .map(|(_, v)| v.as_str())
-                .unwrap()
-        };
         assert_eq!(
-            get("X-Amz-Signature"),
+            param(&params, "X-Amz-Signature"),
             "aeeed9bbccd4d02ee5c0109b86d86835f995330da4c265957d157751f604d404"
         );
-        assert_eq!(
-            get("X-Amz-Credential"),
-            "AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request"
+        assert_presigned(
+            &params,
+            "AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request",
+            "20130524T000000Z",
+            "86400",
         );
-        assert_eq!(get("X-Amz-Date"), "20130524T000000Z");
-        assert_eq!(get("X-Amz-Expires"), "86400");
-        assert_eq!(get("X-Amz-SignedHeaders"), "host");
+    }
+
+    /// The value of the query parameter `name`.
+    fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
+        let found = params.iter().find(|(n, _)| n == name);
+        found.map(|(_, v)| v.as_str()).unwrap()
+    }
+
+    /// The SigV4 parameters of a URL presigned with `credential` (key id, date, region,
+    /// service) at `date` for `expires` seconds, host alone signed.
+    fn assert_presigned(params: &[(String, String)], credential: &str, date: &str, expires: &str) {
+        assert_eq!(param(params, "X-Amz-Algorithm"), "AWS4-HMAC-SHA256");
+        assert_eq!(param(params, "X-Amz-Credential"), credential);
+        assert_eq!(param(params, "X-Amz-Date"), date);
+        assert_eq!(param(params, "X-Amz-Expires"), expires);
+        assert_eq!(param(params, "X-Amz-SignedHeaders"), "host");
     }
 
     fn hmac(key: &[u8], data: &str) -> Vec<u8> {
@@ -626,21 +634,13 @@ mod tests {
         assert_eq!(names[0], "Action");
         assert_eq!(q[0].1, "kafka-cluster:Connect");
         assert_eq!(*names.last().unwrap(), "User-Agent");
-        let get = |k: &str| {
-            q.iter()
-                .find(|(n, _)| n == k)
-                .map(|(_, v)| v.clone())
-                .unwrap()
-        };
-        assert_eq!(get("X-Amz-Algorithm"), "AWS4-HMAC-SHA256");
-        assert_eq!(
-            get("X-Amz-Credential"),
-            "AKIDEXAMPLE/20240301/us-west-2/kafka-cluster/aws4_request"
+        assert_presigned(
+            &q,
+            "AKIDEXAMPLE/20240301/us-west-2/kafka-cluster/aws4_request",
+            "20240301T123000Z",
+            "900",
         );
-        assert_eq!(get("X-Amz-Date"), "20240301T123000Z");
-        assert_eq!(get("X-Amz-Expires"), "900");
-        assert_eq!(get("X-Amz-SignedHeaders"), "host");
-        assert_eq!(get("X-Amz-Security-Token"), "session/token+x=");
+        assert_eq!(param(&q, "X-Amz-Security-Token"), "session/token+x=");
         let signed_at_ms = time
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap()
@@ -683,7 +683,7 @@ mod tests {
         let k_service = hmac(&k_region, "kafka-cluster");
         let k_signing = hmac(&k_service, "aws4_request");
         let expected = hex::encode(hmac(&k_signing, &string_to_sign));
-        assert_eq!(get("X-Amz-Signature"), expected);
+        assert_eq!(param(&q, "X-Amz-Signature"), expected);
     }
 
     /// A credential chain that never answers (for tests about regions and static keys).

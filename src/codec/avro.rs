@@ -424,28 +424,15 @@ impl<'a> Reader<'a, '_> {
                 self.long("a time-micros")?.rem_euclid(86_400_000_000) * 1_000,
                 6,
             )),
-            Schema::TimestampMillis => {
-                Json::String(time::timestamp(self.long("a timestamp")?, 1_000, true))
+            Schema::TimestampMillis
+            | Schema::TimestampMicros
+            | Schema::TimestampNanos
+            | Schema::LocalTimestampMillis
+            | Schema::LocalTimestampMicros
+            | Schema::LocalTimestampNanos => {
+                let (per_second, utc) = timestamp_unit(schema);
+                Json::String(time::timestamp(self.long("a timestamp")?, per_second, utc))
             }
-            Schema::TimestampMicros => {
-                Json::String(time::timestamp(self.long("a timestamp")?, 1_000_000, true))
-            }
-            Schema::TimestampNanos => Json::String(time::timestamp(
-                self.long("a timestamp")?,
-                1_000_000_000,
-                true,
-            )),
-            Schema::LocalTimestampMillis => {
-                Json::String(time::timestamp(self.long("a timestamp")?, 1_000, false))
-            }
-            Schema::LocalTimestampMicros => {
-                Json::String(time::timestamp(self.long("a timestamp")?, 1_000_000, false))
-            }
-            Schema::LocalTimestampNanos => Json::String(time::timestamp(
-                self.long("a timestamp")?,
-                1_000_000_000,
-                false,
-            )),
             Schema::Duration(f) => {
                 let b = self.take(f.size, "a duration")?;
                 if b.len() != 12 {
@@ -500,6 +487,20 @@ fn decimal_string(unscaled: &[u8], scale: i64) -> Result<String, Refusal> {
     } else {
         format!("{digits}{}", "0".repeat(scale.unsigned_abs() as usize))
     })
+}
+
+/// Of a timestamp logical type: its units per second, and whether it is UTC (`timestamp-*`)
+/// rather than local (`local-timestamp-*`).
+fn timestamp_unit(schema: &Schema) -> (i64, bool) {
+    match schema {
+        Schema::TimestampMicros => (1_000_000, true),
+        Schema::TimestampNanos => (1_000_000_000, true),
+        Schema::LocalTimestampMillis => (1_000, false),
+        Schema::LocalTimestampMicros => (1_000_000, false),
+        Schema::LocalTimestampNanos => (1_000_000_000, false),
+        // timestamp-millis.
+        _ => (1_000, true),
+    }
 }
 
 /// The record, enum or fixed name of a schema, for the event's schema block.

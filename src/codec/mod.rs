@@ -583,30 +583,22 @@ mod tests {
     #[tokio::test]
     async fn framed_without_registry_is_fatal_and_bad_frames_are_rejected() {
         let d = decoder();
-        let e = d
-            .decode(
-                PayloadFormat::SchemaRegistry,
-                Some(&[0, 0, 0, 0, 1, 2]),
-                "t",
-                Field::Value,
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(e.disposition(), Disposition::Fatal);
-        let e = d
-            .decode(
-                PayloadFormat::SchemaRegistry,
-                Some(&[7, 0, 0, 0, 1]),
-                "t",
-                Field::Value,
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(e.disposition(), Disposition::Reject);
-        let e = d
-            .decode(PayloadFormat::String, Some(&[0xff]), "t", Field::Value)
-            .await
-            .unwrap_err();
-        assert_eq!(e.disposition(), Disposition::Reject);
+        let refused = |format, bytes: &'static [u8]| {
+            let d = &d;
+            async move {
+                let e = d.decode(format, Some(bytes), "t", Field::Value).await;
+                e.unwrap_err().disposition()
+            }
+        };
+        let framed = PayloadFormat::SchemaRegistry;
+        assert_eq!(
+            refused(framed, &[0, 0, 0, 0, 1, 2]).await,
+            Disposition::Fatal
+        );
+        assert_eq!(refused(framed, &[7, 0, 0, 0, 1]).await, Disposition::Reject);
+        assert_eq!(
+            refused(PayloadFormat::String, &[0xff]).await,
+            Disposition::Reject
+        );
     }
 }

@@ -247,11 +247,7 @@ impl RegistryClient {
             .connect_timeout(Duration::from_millis(config.timeout_ms.min(5_000)))
             .pool_idle_timeout(Duration::from_secs(90))
             .user_agent(concat!("tessel-kafka/", env!("CARGO_PKG_VERSION")));
-        let files = crate::tls::TlsFiles {
-            ca_location: config.ca_location.as_deref(),
-            certificate_location: config.certificate_location.as_deref(),
-            key_location: config.key_location.as_deref(),
-        };
+        let files = config.tls_files();
         if files.any() {
             // The same CA and mTLS settings as the dispatcher client's (`crate::tls`): the
             // configured CA replaces the system's roots.

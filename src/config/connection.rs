@@ -120,6 +120,15 @@ pub struct RegistryConfig {
 }
 
 impl RegistryConfig {
+    /// The CA and client certificate files of this registry.
+    pub fn tls_files(&self) -> crate::tls::TlsFiles<'_> {
+        crate::tls::TlsFiles::of(
+            &self.ca_location,
+            &self.certificate_location,
+            &self.key_location,
+        )
+    }
+
     /// A registry at `url` with every other setting at its default.
     pub(crate) fn new(url: super::secret::Endpoint) -> Self {
         Self {
@@ -283,11 +292,8 @@ impl ConnectionConfig {
         self.auth()
             .map_err(|e| ConfigError::invalid(key("kafka"), e.to_string()))?;
         if let Some(r) = &self.schema_registry {
-            if r.certificate_location.is_some() != r.key_location.is_some() {
-                return Err(ConfigError::invalid(
-                    key("schema_registry"),
-                    "certificate_location and key_location go together (registry mTLS)",
-                ));
+            if let Some(reason) = r.tls_files().unpaired("registry") {
+                return Err(ConfigError::invalid(key("schema_registry"), reason));
             }
             if r.bearer_token.is_some() && (r.username.is_some() || r.password.is_some()) {
                 return Err(ConfigError::invalid(
@@ -465,8 +471,10 @@ fn check_property(name: &str, value: &str) -> Result<(), String> {
 mod group_timing_tests {
     use crate::config::Config;
 
-    fn load(kafka_extra: &str, connection_extra: &str) -> Result<Config, String> {
-        let text = format!(
+    /// A connection `orders` with one trigger, and these extra lines in its table and its
+    /// `kafka` table.
+    fn text(kafka_extra: &str, connection_extra: &str) -> String {
+        format!(
             r#"
 [connections.orders]
 {connection_extra}
@@ -479,56 +487,56 @@ topics = ["payments"]
 workflow = "w"
 dispatcher = {{ url = "http://127.0.0.1:8080/runs" }}
 "#
-        );
+        )
+    }
+
+    fn load(kafka_extra: &str, connection_extra: &str) -> Result<Config, String> {
+        let text = text(kafka_extra, connection_extra);
         Config::from_toml_with_env(&text, Vec::new()).map_err(|e| e.to_string())
+    }
+
+    /// The configuration is refused, and why names each of `mentions`.
+    fn assert_refused(kafka_extra: &str, connection_extra: &str, mentions: &[&str]) {
+        let e = load(kafka_extra, connection_extra).unwrap_err();
+        for m in mentions {
+            assert!(e.contains(m), "{m:?} not in: {e}");
+        }
     }
 
     #[test]
     fn the_drain_must_fit_the_poll_interval_and_with_static_membership_the_session() {
         assert!(load("", "").is_ok(), "defaults fit");
-        let e = load(
+        assert_refused(
             "\"max.poll.interval.ms\" = \"30000\"",
             "drain_timeout_ms = 25000",
-        )
-        .unwrap_err();
-        assert!(
-            e.contains("drain_timeout_ms") && e.contains("max.poll.interval.ms"),
-            "{e}"
-        );
-        assert!(
-            e.contains("below 20000") && e.contains("above 35000"),
-            "says what to change: {e}"
+            // What to change, either way.
+            &[
+                "drain_timeout_ms",
+                "max.poll.interval.ms",
+                "below 20000",
+                "above 35000",
+            ],
         );
         assert!(load("\"group.instance.id\" = \"tessel-0\"", "").is_ok());
-        let e = load(
+        assert_refused(
             "\"group.instance.id\" = \"tessel-0\"\n\"session.timeout.ms\" = \"20000\"",
             "drain_timeout_ms = 30000",
-        )
-        .unwrap_err();
-        assert!(
-            e.contains("session.timeout.ms") && e.contains("group.instance.id"),
-            "{e}"
+            &["session.timeout.ms", "group.instance.id"],
         );
-        let e = load("\"session.timeout.ms\" = \"soon\"", "").unwrap_err();
-        assert!(e.contains("session.timeout.ms"), "{e}");
+        assert_refused(
+            "\"session.timeout.ms\" = \"soon\"",
+            "",
+            &["session.timeout.ms"],
+        );
     }
 
     #[test]
     fn static_membership_comes_from_the_environment_as_a_pod_name_would() {
-        let text = r#"
-[connections.orders.kafka]
-"bootstrap.servers" = "127.0.0.1:9092"
-"group.id" = "g"
-[connections.orders.triggers.t]
-topics = ["payments"]
-workflow = "w"
-dispatcher = { url = "http://127.0.0.1:8080/runs" }
-"#;
         let env = vec![(
             "TESSEL_KAFKA__CONNECTIONS__ORDERS__KAFKA__GROUP_INSTANCE_ID".to_owned(),
             "tessel-kafka-2".to_owned(),
         )];
-        let c = Config::from_toml_with_env(text, env).unwrap();
+        let c = Config::from_toml_with_env(&text("", ""), env).unwrap();
         assert_eq!(
             c.connections["orders"].kafka["group.instance.id"],
             "tessel-kafka-2"

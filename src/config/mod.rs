@@ -10,6 +10,7 @@
 
 mod connection;
 mod error;
+pub mod filter;
 mod otlp;
 mod produce;
 mod registry_paste;

@@ -90,6 +90,13 @@ fn is_java_store(path: &str) -> bool {
 }
 
 impl PastedRegistry {
+    /// `value`, pasted from `property` into `schema_registry.<field>`, with its notice.
+    fn moved<T>(&mut self, property: String, field: &str, value: T) -> Option<Pasted<T>> {
+        self.notices
+            .push(format!("kafka.\"{property}\" → schema_registry.{field}"));
+        Some(Pasted { property, value })
+    }
+
     /// Takes every registry property out of `props` (after the JAAS translation, so that
     /// `SASL_INHERIT` finds `sasl.username` and `sasl.password`).
     pub(crate) fn take(props: &mut BTreeMap<String, String>) -> Result<Self, SecurityError> {
@@ -123,12 +130,7 @@ impl PastedRegistry {
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(invalid(P, "must be an http:// or https:// URL"));
         }
-        self.url = Some(Pasted {
-            property: P.to_owned(),
-            value: Endpoint::new(parsed),
-        });
-        self.notices
-            .push(format!("kafka.\"{P}\" → schema_registry.url"));
+        self.url = self.moved(P.to_owned(), "url", Endpoint::new(parsed));
         Ok(())
     }
 
@@ -282,14 +284,8 @@ impl PastedRegistry {
             props,
             &["bearer.auth.token", "schema.registry.bearer.auth.token"],
         )? {
-            self.notices.push(format!(
-                "kafka.\"{}\" → schema_registry.bearer_token",
-                token.property
-            ));
-            self.bearer_token = Some(Pasted {
-                property: token.property,
-                value: Secret::new(token.value),
-            });
+            let value = Secret::new(token.value);
+            self.bearer_token = self.moved(token.property, "bearer_token", value);
         } else if let Some(source) = source {
             return Err(SecurityError::Missing {
                 property: "bearer.auth.token".to_owned(),
@@ -331,14 +327,7 @@ impl PastedRegistry {
                     "the registry's CA is read in PEM: convert the truststore (keytool -exportcert -rfc) and give the PEM file",
                 ));
             }
-            self.notices.push(format!(
-                "kafka.\"{}\" → schema_registry.ca_location",
-                ca.property
-            ));
-            self.ca_location = Some(Pasted {
-                property: ca.property,
-                value: PathBuf::from(ca.value),
-            });
+            self.ca_location = self.moved(ca.property, "ca_location", PathBuf::from(ca.value));
         }
         if props.contains_key(KEYSTORE) {
             return Err(invalid(
@@ -346,26 +335,15 @@ impl PastedRegistry {
                 "registry mTLS reads PEM: extract the certificate and key (openssl pkcs12 -nokeys / -nocerts -nodes) and set \"schema.registry.ssl.certificate.location\" and \"schema.registry.ssl.key.location\"",
             ));
         }
-        for (property, slot, field) in [
-            (
-                "schema.registry.ssl.certificate.location",
-                &mut self.certificate_location,
-                "certificate_location",
-            ),
-            (
-                "schema.registry.ssl.key.location",
-                &mut self.key_location,
-                "key_location",
-            ),
-        ] {
-            if let Some(value) = props.remove(property) {
-                self.notices
-                    .push(format!("kafka.\"{property}\" → schema_registry.{field}"));
-                *slot = Some(Pasted {
-                    property: property.to_owned(),
-                    value: PathBuf::from(value),
-                });
-            }
+        const CERTIFICATE: &str = "schema.registry.ssl.certificate.location";
+        const KEY: &str = "schema.registry.ssl.key.location";
+        if let Some(value) = props.remove(CERTIFICATE) {
+            let value = PathBuf::from(value);
+            self.certificate_location =
+                self.moved(CERTIFICATE.to_owned(), "certificate_location", value);
+        }
+        if let Some(value) = props.remove(KEY) {
+            self.key_location = self.moved(KEY.to_owned(), "key_location", PathBuf::from(value));
         }
         for property in [
             "schema.registry.ssl.endpoint.identification.algorithm",
@@ -524,6 +502,22 @@ mod tests {
         Ok((registry, notices))
     }
 
+    /// The pasted registry has these basic-auth credentials.
+    fn assert_credentials(r: Option<RegistryConfig>, username: &str, password: &str) {
+        let r = r.expect("a registry");
+        assert_eq!(r.username.as_deref(), Some(username));
+        assert_eq!(r.password.expect("a password").expose(), password);
+    }
+
+    /// Why a registry URL without user info, with credentials from `source`, is refused.
+    fn refusal_without_credentials(source: &str) -> String {
+        paste(&[
+            ("schema.registry.url", "https://sr.example.invalid"),
+            ("basic.auth.credentials.source", source),
+        ])
+        .unwrap_err()
+    }
+
     #[test]
     fn user_info_becomes_username_and_password_and_is_never_shown() {
         let (r, notices) = paste(&[
@@ -555,14 +549,8 @@ mod tests {
             ("sasl.password", "rp-pass"),
         ])
         .unwrap();
-        let r = r.unwrap();
-        assert_eq!(r.username.as_deref(), Some("rp-user"));
-        assert_eq!(r.password.unwrap().expose(), "rp-pass");
-        let e = paste(&[
-            ("schema.registry.url", "https://sr.example.invalid"),
-            ("basic.auth.credentials.source", "SASL_INHERIT"),
-        ])
-        .unwrap_err();
+        assert_credentials(r, "rp-user", "rp-pass");
+        let e = refusal_without_credentials("SASL_INHERIT");
         assert!(e.contains("sasl.username"), "{e}");
     }
 
@@ -576,18 +564,10 @@ mod tests {
             ("basic.auth.credentials.source", "URL"),
         ])
         .unwrap();
-        let r = r.unwrap();
-        assert_eq!(
-            r.url.expose().as_str(),
-            "https://sr.example.invalid/apis/ccompat/v7"
-        );
-        assert_eq!(r.username.as_deref(), Some("sr-user"));
-        assert_eq!(r.password.unwrap().expose(), "p@ss");
-        let e = paste(&[
-            ("schema.registry.url", "https://sr.example.invalid"),
-            ("basic.auth.credentials.source", "URL"),
-        ])
-        .unwrap_err();
+        let url = r.as_ref().map(|r| r.url.expose().to_string());
+        assert_eq!(url.unwrap(), "https://sr.example.invalid/apis/ccompat/v7");
+        assert_credentials(r, "sr-user", "p@ss");
+        let e = refusal_without_credentials("URL");
         assert!(e.contains("user info"), "{e}");
     }
 

@@ -53,7 +53,7 @@ pub struct TriggerConfig {
     /// cannot be evaluated on (a missing field, a wrong type) counts as not matching
     /// (`outcome="filter_error"`). Compiled when the configuration is loaded. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub filter: Option<crate::run::filter::Filter>,
+    pub filter: Option<crate::config::filter::Filter>,
     /// Records older than this (by their Kafka timestamp, against the clock, checked before
     /// every attempt) start no run: `on_expired` applies. Records without a timestamp never
     /// expire. Default: none.
@@ -165,11 +165,11 @@ pub struct DispatcherConfig {
 impl DispatcherConfig {
     /// The CA and client certificate files of this dispatcher.
     pub fn tls_files(&self) -> crate::tls::TlsFiles<'_> {
-        crate::tls::TlsFiles {
-            ca_location: self.ca_location.as_deref(),
-            certificate_location: self.certificate_location.as_deref(),
-            key_location: self.key_location.as_deref(),
-        }
+        crate::tls::TlsFiles::of(
+            &self.ca_location,
+            &self.certificate_location,
+            &self.key_location,
+        )
     }
 }
 
@@ -453,11 +453,8 @@ impl TriggerConfig {
     /// The dispatcher's TLS files and proxy (`key`: the dispatcher's key path).
     fn validate_dispatcher_transport(&self, key: &str) -> Result<(), ConfigError> {
         let d = &self.dispatcher;
-        if d.certificate_location.is_some() != d.key_location.is_some() {
-            return Err(ConfigError::invalid(
-                key,
-                "certificate_location and key_location go together (dispatcher mTLS)",
-            ));
+        if let Some(reason) = d.tls_files().unpaired("dispatcher") {
+            return Err(ConfigError::invalid(key, reason));
         }
         if d.tls_files().any() && d.url.scheme() != "https" {
             return Err(ConfigError::invalid(

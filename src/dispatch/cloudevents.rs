@@ -22,10 +22,10 @@
 //! with the same attributes as members ([`CloudEvents::structured`]).
 
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::Message;
 use serde_json::Value as Json;
 
-use super::event::{self, EventHeader, EventSource};
+use super::event::{self, EventRecord, EventSource};
 use crate::codec::Decoded;
 use crate::config::{DispatcherConfig, Envelope};
 
@@ -34,18 +34,11 @@ use crate::config::{DispatcherConfig, Envelope};
 pub fn request(
     cloudevents: Option<&CloudEvents>,
     source: EventSource<'_>,
-    id: &str,
-    msg: &OwnedMessage,
-    headers: &[EventHeader],
-    key: &Decoded,
-    value: &Decoded,
+    record: &EventRecord<'_>,
 ) -> (Vec<u8>, HeaderMap) {
     match cloudevents {
-        None => (
-            event::render(source, id, msg, headers, key, value),
-            HeaderMap::new(),
-        ),
-        Some(ce) => ce.render(&ce_record(id, msg, key, value)),
+        None => (event::render(source, record), HeaderMap::new()),
+        Some(ce) => ce.render(&ce_record(record)),
     }
 }
 
@@ -188,20 +181,16 @@ pub fn structured_batch(events: &[Json]) -> (Vec<u8>, HeaderMap) {
 }
 
 /// A record's CloudEvents view (for a single event's request and for each event of a batch).
-pub fn ce_record<'a>(
-    id: &'a str,
-    msg: &'a OwnedMessage,
-    key: &'a Decoded,
-    value: &'a Decoded,
-) -> CeRecord<'a> {
+pub fn ce_record<'a>(record: &EventRecord<'a>) -> CeRecord<'a> {
+    let msg = record.msg;
     CeRecord {
-        id,
+        id: record.id,
         topic: msg.topic(),
         partition: msg.partition(),
         offset: msg.offset(),
         timestamp_ms: msg.timestamp().to_millis(),
-        key: &key.value,
-        value,
+        key: &record.key.value,
+        value: record.value,
         payload: msg.payload(),
     }
 }
@@ -386,10 +375,13 @@ mod tests {
         let dispatcher = crate::dispatch::HttpDispatcher::try_new(&config).unwrap();
         let key = json!("k");
         let text = decoded("string", json!("héllo"));
-        let (body, headers) = ce().render(&record(&key, &text, None));
-        let outcome = dispatcher
-            .dispatch_with(body, "kafka:g:orders:2:17", None, headers)
-            .await;
+        let (body, envelope) = ce().render(&record(&key, &text, None));
+        let request = crate::dispatch::DispatchRequest {
+            key: "kafka:g:orders:2:17".to_owned(),
+            body,
+            envelope,
+        };
+        let (outcome, _) = dispatcher.send(request, None, false).await;
         assert_eq!(outcome.label(), "accepted");
         let request = server.await.unwrap();
         assert_eq!(request.matches("content-type:").count(), 1, "{request}");

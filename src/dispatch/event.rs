@@ -42,18 +42,41 @@ fn is_utf8(encoding: &&'static str) -> bool {
     *encoding == UTF8
 }
 
-/// The JSON body POSTed to the run dispatcher.
+impl crate::config::filter::FilterHeader for EventHeader {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn value(&self) -> Option<&str> {
+        self.value.as_deref()
+    }
+
+    fn base64(&self) -> bool {
+        self.encoding == BASE64
+    }
+}
+
+/// The members an event and a batch begin with, in this order (docs/event.md).
 #[derive(Clone, Debug, Serialize)]
-pub struct Event<'a> {
-    /// The idempotency key: stable for this record in this consumer group.
+pub struct Lead<'a> {
+    /// The idempotency key: stable for this record (or batch) in this consumer group; a
+    /// batch's is also its `Idempotency-Key` header.
     pub id: &'a str,
-    /// `connection`, `trigger` and `workflow`, members of the event itself.
+    /// `connection`, `trigger` and `workflow`, members of the event (or batch) itself.
     #[serde(flatten)]
     pub source: EventSource<'a>,
     /// Topic.
     pub topic: &'a str,
     /// Partition.
     pub partition: i32,
+}
+
+/// The JSON body POSTed to the run dispatcher.
+#[derive(Clone, Debug, Serialize)]
+pub struct Event<'a> {
+    /// `id`, `connection`, `trigger`, `workflow`, `topic` and `partition`.
+    #[serde(flatten)]
+    pub lead: Lead<'a>,
     /// Offset.
     pub offset: i64,
     /// Record timestamp, RFC 3339 with milliseconds, UTC; null when the record has none.
@@ -112,6 +135,7 @@ pub fn headers_of(msg: &OwnedMessage) -> Vec<EventHeader> {
 }
 
 const UTF8: &str = "utf8";
+const BASE64: &str = "base64";
 
 /// `bytes` as text when they are UTF-8, else in base64, with the encoding's name.
 fn text_or_base64(bytes: &[u8]) -> (String, &'static str) {
@@ -119,7 +143,7 @@ fn text_or_base64(bytes: &[u8]) -> (String, &'static str) {
         Ok(s) => (s.to_owned(), UTF8),
         Err(_) => (
             base64::engine::general_purpose::STANDARD.encode(bytes),
-            "base64",
+            BASE64,
         ),
     }
 }
@@ -172,25 +196,42 @@ fn valid_traceparent(v: &str) -> Option<&str> {
     }
 }
 
-/// Serialises the event for `msg`.
-pub fn render(
-    source: EventSource<'_>,
-    id: &str,
-    msg: &OwnedMessage,
-    headers: &[EventHeader],
-    key: &Decoded,
-    value: &Decoded,
-) -> Vec<u8> {
+/// A decoded record, as its event (or CloudEvent) is rendered from it.
+#[derive(Clone, Copy, Debug)]
+pub struct EventRecord<'a> {
+    /// The idempotency key.
+    pub id: &'a str,
+    /// The record.
+    pub msg: &'a OwnedMessage,
+    /// Its headers ([`headers_of`]).
+    pub headers: &'a [EventHeader],
+    /// The decoded key.
+    pub key: &'a Decoded,
+    /// The decoded value.
+    pub value: &'a Decoded,
+}
+
+/// Serialises the event for `record`.
+pub fn render(source: EventSource<'_>, record: &EventRecord<'_>) -> Vec<u8> {
+    let EventRecord {
+        id,
+        msg,
+        headers,
+        key,
+        value,
+    } = *record;
     let (timestamp_ms, timestamp_type) = match msg.timestamp() {
         Timestamp::NotAvailable => (None, "not_available"),
         Timestamp::CreateTime(t) => (Some(t), "create_time"),
         Timestamp::LogAppendTime(t) => (Some(t), "log_append_time"),
     };
     let event = Event {
-        id,
-        source,
-        topic: msg.topic(),
-        partition: msg.partition(),
+        lead: Lead {
+            id,
+            source,
+            topic: msg.topic(),
+            partition: msg.partition(),
+        },
         offset: msg.offset(),
         timestamp: timestamp_ms.map(crate::codec::rfc3339_millis),
         timestamp_ms,
@@ -219,15 +260,9 @@ pub fn render(
 /// What a batch request says of itself, besides its events.
 #[derive(Clone, Debug, Serialize)]
 pub struct BatchHead<'a> {
-    /// The batch's idempotency key (also its `Idempotency-Key` header).
-    pub id: &'a str,
-    /// `connection`, `trigger` and `workflow`, members of the batch itself.
+    /// `id`, `connection`, `trigger`, `workflow`, `topic` and `partition`.
     #[serde(flatten)]
-    pub source: EventSource<'a>,
-    /// Topic.
-    pub topic: &'a str,
-    /// Partition.
-    pub partition: i32,
+    pub lead: Lead<'a>,
     /// The first event's offset.
     pub first_offset: i64,
     /// The last event's offset.
@@ -310,11 +345,13 @@ mod tests {
         };
         let body = render(
             source,
-            "kafka:g:t:0:3",
-            &msg,
-            &[],
-            &decoded(Json::from("k")),
-            &decoded(serde_json::json!({})),
+            &EventRecord {
+                id: "kafka:g:t:0:3",
+                msg: &msg,
+                headers: &[],
+                key: &decoded(Json::from("k")),
+                value: &decoded(serde_json::json!({})),
+            },
         );
         let v: Json = serde_json::from_slice(&body).unwrap();
         let after = [
@@ -338,14 +375,16 @@ mod tests {
     #[test]
     fn a_batch_body_is_its_head_and_its_events() {
         let head = BatchHead {
-            id: "kafka:g:t:0:3-4:2",
-            source: EventSource {
-                connection: "c",
-                trigger: "tr",
-                workflow: "w",
+            lead: Lead {
+                id: "kafka:g:t:0:3-4:2",
+                source: EventSource {
+                    connection: "c",
+                    trigger: "tr",
+                    workflow: "w",
+                },
+                topic: "t",
+                partition: 0,
             },
-            topic: "t",
-            partition: 0,
             first_offset: 3,
             last_offset: 4,
             count: 2,
@@ -387,5 +426,48 @@ mod tests {
             assert!(has_invalid_traceparent(&header(bad)), "{bad:?}");
         }
         assert!(!has_invalid_traceparent(&[]));
+    }
+
+    #[test]
+    fn a_filter_reads_the_events_headers_as_text_bytes_or_null() {
+        use crate::config::filter::{Filter, FilterInput, Verdict};
+        use rdkafka::message::{Header, OwnedHeaders};
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "source",
+                value: Some("checkout"),
+            })
+            .insert(Header {
+                key: "bin",
+                value: Some(&[0xff_u8][..]),
+            })
+            .insert(Header::<&str> {
+                key: "none",
+                value: None,
+            });
+        let msg = OwnedMessage::new(
+            None,
+            None,
+            "t".into(),
+            Timestamp::NotAvailable,
+            0,
+            0,
+            Some(headers),
+        );
+        let headers = headers_of(&msg);
+        let input = FilterInput {
+            key: &Json::Null,
+            value: &Json::Null,
+            headers: &headers,
+            topic: "t",
+            partition: 0,
+            offset: 0,
+            timestamp_ms: None,
+        };
+        let filter = Filter::compile(
+            r#"headers.source == "checkout" && headers.bin == b'\xff' && headers.none == null"#,
+        )
+        .unwrap();
+        assert_eq!(filter.evaluate(&input), Verdict::Match);
     }
 }

@@ -31,7 +31,7 @@ use hyper_util::client::proxy::matcher::{Intercept, Matcher};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::retry::parse_retry_after;
-use super::{classify, DispatchOutcome};
+use super::{classify, DispatchOutcome, DispatchRequest};
 use crate::config::DispatcherConfig;
 
 type Connector = hyper_rustls::HttpsConnector<Route>;
@@ -165,53 +165,37 @@ impl HttpDispatcher {
         })
     }
 
-    /// One attempt to start a run for `body`.
+    /// One attempt to start a run for `body`, with no envelope headers.
     pub async fn dispatch(
         &self,
         body: Vec<u8>,
         idempotency_key: &str,
         traceparent: Option<&str>,
     ) -> DispatchOutcome {
-        self.dispatch_with(body, idempotency_key, traceparent, HeaderMap::new())
-            .await
+        let request = DispatchRequest {
+            key: idempotency_key.to_owned(),
+            body,
+            envelope: HeaderMap::new(),
+        };
+        self.send(request, traceparent, false).await.0
     }
 
-    /// [`HttpDispatcher::dispatch`] with request headers of its own (the envelope's: a
-    /// CloudEvent's `ce-*` and `Content-Type`), which take the place of the defaults.
-    pub async fn dispatch_with(
+    /// One attempt to start the run (or runs, for a `batch`) of `request`. A batch's answer
+    /// also brings the body of a 2xx (up to 4 MiB), which may name the events that failed; a
+    /// 2xx answer to a batch that cannot be read whole is retryable, not an acceptance.
+    /// Otherwise the body returned is empty.
+    pub async fn send(
         &self,
-        body: Vec<u8>,
-        idempotency_key: &str,
+        request: DispatchRequest,
         traceparent: Option<&str>,
-        envelope: HeaderMap,
-    ) -> DispatchOutcome {
-        self.send(body, idempotency_key, traceparent, envelope, false)
-            .await
-            .0
-    }
-
-    /// [`HttpDispatcher::dispatch_with`] for a batch: also returns the body of a 2xx answer
-    /// (up to 4 MiB), which may name the events that failed; a 2xx answer that cannot be read
-    /// whole is retryable, not an acceptance.
-    pub async fn dispatch_batch(
-        &self,
-        body: Vec<u8>,
-        idempotency_key: &str,
-        traceparent: Option<&str>,
-        envelope: HeaderMap,
+        batch: bool,
     ) -> (DispatchOutcome, Bytes) {
-        self.send(body, idempotency_key, traceparent, envelope, true)
-            .await
-    }
-
-    async fn send(
-        &self,
-        body: Vec<u8>,
-        idempotency_key: &str,
-        traceparent: Option<&str>,
-        envelope: HeaderMap,
-        keep_success_body: bool,
-    ) -> (DispatchOutcome, Bytes) {
+        let DispatchRequest {
+            key: idempotency_key,
+            body,
+            envelope,
+        } = request;
+        let idempotency_key = idempotency_key.as_str();
         let mut request = Request::new(Full::new(Bytes::from(body)));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.uri.clone();
@@ -246,7 +230,7 @@ impl HttpDispatcher {
             // The answer's body is read to its end (up to a bound) so that the connection
             // goes back to the pool; only an error answer's text is kept.
             let success_status = (200..300).contains(&status);
-            let bound = if keep_success_body && success_status {
+            let bound = if batch && success_status {
                 MAX_BATCH_ANSWER
             } else {
                 MAX_ERROR_BODY
@@ -256,11 +240,11 @@ impl HttpDispatcher {
                     String::from_utf8_lossy(&collected.to_bytes()).into_owned(),
                     Some(Bytes::new()),
                 ),
-                Ok(collected) if keep_success_body => (String::new(), Some(collected.to_bytes())),
+                Ok(collected) if batch => (String::new(), Some(collected.to_bytes())),
                 Ok(_) => (String::new(), Some(Bytes::new())),
                 // A batch answer not read whole (over the bound, or cut off) may name failed
                 // events that would otherwise count as accepted.
-                Err(_) if keep_success_body && success_status => (String::new(), None),
+                Err(_) if batch && success_status => (String::new(), None),
                 Err(_) => (String::new(), Some(Bytes::new())),
             };
             Ok::<_, hyper_util::client::legacy::Error>((parts.headers, status, text, success))
@@ -492,14 +476,7 @@ mod tests {
                 let Some(head_end) = text.find("\r\n\r\n") else {
                     continue;
                 };
-                let length: usize = text[..head_end]
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase()
-                            .strip_prefix("content-length: ")
-                            .map(|v| v.trim().parse().unwrap())
-                    })
-                    .unwrap_or(0);
+                let length = crate::tls::testing::content_length(&text[..head_end]);
                 if buf.len() < head_end + 4 + length {
                     continue;
                 }
@@ -697,9 +674,12 @@ mod tests {
         let config: DispatcherConfig =
             toml::from_str(&format!("url = \"http://{addr}/runs\"")).unwrap();
         let d = HttpDispatcher::try_new(&config).unwrap();
-        let (outcome, body) = d
-            .dispatch_batch(b"{}".to_vec(), "kafka:g:t:0:1-2:2", None, HeaderMap::new())
-            .await;
+        let request = DispatchRequest {
+            key: "kafka:g:t:0:1-2:2".to_owned(),
+            body: b"{}".to_vec(),
+            envelope: HeaderMap::new(),
+        };
+        let (outcome, body) = d.send(request, None, true).await;
         assert!(
             matches!(
                 outcome,

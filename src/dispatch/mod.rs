@@ -12,6 +12,20 @@ pub use http::HttpDispatcher;
 
 use std::time::Duration;
 
+use hyper::header::HeaderMap;
+
+/// One request to the dispatcher: its Idempotency-Key, its body and the headers its envelope
+/// adds (a CloudEvent's `ce-*` and `Content-Type`), which take the place of the defaults.
+#[derive(Clone, Debug)]
+pub struct DispatchRequest {
+    /// The Idempotency-Key: a record's, or a batch's.
+    pub key: String,
+    /// The body.
+    pub body: Vec<u8>,
+    /// The envelope's headers.
+    pub envelope: HeaderMap,
+}
+
 /// The answer to one dispatch attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DispatchOutcome {

@@ -80,27 +80,13 @@ async fn dispatcher_checks(r: &mut Report<'_>, conn: &ConnectionConfig) {
         if let Some(token) = &t.dispatcher.token {
             req = req.bearer_auth(token.expose());
         }
-        match req.send().await {
-            Ok(resp) if matches!(resp.status().as_u16(), 401 | 403) => r.fail(
-                &check,
-                format!(
-                    "{} refused the token (HTTP {})",
-                    t.dispatcher.url,
-                    resp.status().as_u16()
-                ),
-            ),
-            Ok(resp) => r.pass(
-                &check,
-                format!(
-                    "{} answered HTTP {}",
-                    t.dispatcher.url,
-                    resp.status().as_u16()
-                ),
-            ),
-            Err(e) => r.fail(
-                &check,
-                format!("{} unreachable: {}", t.dispatcher.url, e.without_url()),
-            ),
+        let url = &t.dispatcher.url;
+        match req.send().await.map(|resp| resp.status().as_u16()) {
+            Ok(status @ (401 | 403)) => {
+                r.fail(&check, format!("{url} refused the token (HTTP {status})"));
+            }
+            Ok(status) => r.pass(&check, format!("{url} answered HTTP {status}")),
+            Err(e) => r.fail(&check, format!("{url} unreachable: {}", e.without_url())),
         }
     }
 }
@@ -124,18 +110,15 @@ fn dispatcher_probe_client(d: &crate::config::DispatcherConfig) -> Result<reqwes
 
 /// The report as a table: one line per check.
 pub fn render_table(lines: &[CheckLine]) -> String {
-    let cw = lines
-        .iter()
-        .map(|l| l.connection.len())
-        .max()
-        .unwrap_or(0)
-        .max(10);
-    let kw = lines
-        .iter()
-        .map(|l| l.check.len())
-        .max()
-        .unwrap_or(0)
-        .max(5);
+    // A column is as wide as its widest value, or its header.
+    let width = |header: &str, column: fn(&CheckLine) -> &str| {
+        lines
+            .iter()
+            .map(|l| column(l).len())
+            .fold(header.len(), usize::max)
+    };
+    let cw = width("CONNECTION", |l| &l.connection);
+    let kw = width("CHECK", |l| &l.check);
     let mut out = format!(
         "{:<cw$}  {:<kw$}  {:<6}  {}\n",
         "CONNECTION", "CHECK", "RESULT", "DETAIL"

@@ -15,13 +15,11 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use hyper::header::HeaderMap;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
-use serde_json::Value as Json;
 
 use super::tools::{connection, TIMEOUT};
 use crate::clients::security::SecurityContext;
@@ -30,10 +28,11 @@ use crate::codec::registry::RegistryClient;
 use crate::codec::{DecodeError, Decoded, Decoder, Field};
 use crate::config::{Config, ConnectionConfig, TriggerConfig};
 use crate::core::batch::{self, BatchLimits};
-use crate::dispatch::cloudevents::{self, CloudEvents};
-use crate::dispatch::event::{self, EventSource};
+use crate::dispatch::cloudevents::CloudEvents;
+use crate::dispatch::event::{self, EventRecord, EventSource};
 use crate::dispatch::retry::Backoff;
-use crate::dispatch::{DispatchOutcome, HttpDispatcher};
+use crate::dispatch::{DispatchOutcome, DispatchRequest, HttpDispatcher};
+use crate::run::body::{Rendered, Renderer};
 use crate::run::{decide, Next, Observed, RetryPolicy};
 
 /// How long a partition may yield no record before its end is reached.
@@ -220,12 +219,6 @@ fn reading_consumer(
     super::tools::client(&cfg, conn)
 }
 
-/// A record's event, rendered for its batch.
-enum Rendered {
-    Tessel(Vec<u8>),
-    CloudEvent(Json),
-}
-
 /// A decoded dead letter waiting in the batch being filled.
 struct Pending {
     dead_letter: (i32, i64),
@@ -254,11 +247,16 @@ struct Replayer<'a, E: FnMut(&Replayed)> {
 }
 
 impl<E: FnMut(&Replayed)> Replayer<'_, E> {
-    fn source(&self) -> EventSource<'_> {
-        EventSource {
-            connection: self.connection,
-            trigger: self.name,
-            workflow: &self.trigger.workflow,
+    /// How the trigger's records become requests, as the daemon's runs build them.
+    fn renderer(&self) -> Renderer<'_> {
+        Renderer {
+            source: EventSource {
+                connection: self.connection,
+                trigger: self.name,
+                workflow: &self.trigger.workflow,
+            },
+            group: self.group,
+            cloudevents: self.cloudevents.as_ref(),
         }
     }
 
@@ -308,34 +306,24 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
             return Ok(());
         };
         let headers = event::headers_of(&original);
+        let record = EventRecord {
+            id: &id,
+            msg: &original,
+            headers: &headers,
+            key: &key,
+            value: &value,
+        };
         let Some(limits) = self.limits else {
-            let (body, envelope) = cloudevents::request(
-                self.cloudevents.as_ref(),
-                self.source(),
-                &id,
-                &original,
-                &headers,
-                &key,
-                &value,
-            );
+            let (body, envelope) = self.renderer().single(&record);
             let traceparent = event::traceparent(&headers).map(str::to_owned);
-            return self
-                .send_one(at, &id, body, envelope, traceparent.as_deref())
-                .await;
+            let request = DispatchRequest {
+                key: id.clone(),
+                body,
+                envelope,
+            };
+            return self.send_one(at, request, traceparent.as_deref()).await;
         };
-        let event = match &self.cloudevents {
-            Some(ce) => Rendered::CloudEvent(
-                ce.structured(&cloudevents::ce_record(&id, &original, &key, &value)),
-            ),
-            None => Rendered::Tessel(event::render(
-                self.source(),
-                &id,
-                &original,
-                &headers,
-                &key,
-                &value,
-            )),
-        };
+        let event = self.renderer().event(&record);
         // A batch holds one original partition's records, within the trigger's bounds.
         if let Some(first) = self.batch.first() {
             let same_partition = first.original.topic() == original.topic()
@@ -421,11 +409,10 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
     async fn send_one(
         &mut self,
         at: (i32, i64),
-        id: &str,
-        body: Vec<u8>,
-        envelope: HeaderMap,
+        request: DispatchRequest,
         traceparent: Option<&str>,
     ) -> anyhow::Result<()> {
+        let id = request.key.as_str();
         self.summary.requests += 1;
         if self.dry_run {
             self.report(at, id, Some(id), 0, "dry_run");
@@ -435,9 +422,9 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            let outcome = self
+            let (outcome, _) = self
                 .dispatcher
-                .dispatch_with(body.clone(), id, traceparent, envelope.clone())
+                .send(request.clone(), traceparent, false)
                 .await;
             let (observed, reason) = observe(&outcome, &mut transient);
             match decide(observed, transient, &self.policy) {
@@ -487,7 +474,8 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
         let mut transient = 0u32;
         let mut stopped = None;
         while let Some(group) = stack.last().cloned() {
-            let (key, body, envelope) = self.batch_request(&records, &group, conflict_nonce);
+            let request = self.batch_request(&records, &group, conflict_nonce);
+            let key = request.key.clone();
             self.summary.requests += 1;
             if self.dry_run {
                 for &i in &group {
@@ -499,10 +487,7 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
             for &i in &group {
                 attempts[i] += 1;
             }
-            let (outcome, answer) = self
-                .dispatcher
-                .dispatch_batch(body, &key, None, envelope)
-                .await;
+            let (outcome, answer) = self.dispatcher.send(request, None, true).await;
             let next = match &outcome {
                 DispatchOutcome::Accepted { status: 409 } if conflict_nonce.is_none() => {
                     conflict_nonce = Some(rand::random());
@@ -591,46 +576,19 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
         }
     }
 
-    /// The request for the records `group` of `records`: its Idempotency-Key, body and
-    /// envelope headers, as the daemon's batch worker builds them.
+    /// The request for the records `group` of `records`, as the daemon's batch worker
+    /// builds it.
     fn batch_request(
         &self,
         records: &[Pending],
         group: &[usize],
         conflict_nonce: Option<u64>,
-    ) -> (String, Vec<u8>, HeaderMap) {
+    ) -> DispatchRequest {
         let first = &records[group[0]].original;
         let last = &records[group[group.len() - 1]].original;
-        let key = batch::request_key(self.group, first, last, group.len(), conflict_nonce);
-        if self.cloudevents.is_some() {
-            let events: Vec<Json> = group
-                .iter()
-                .filter_map(|&i| match &records[i].event {
-                    Rendered::CloudEvent(e) => Some(e.clone()),
-                    Rendered::Tessel(_) => None,
-                })
-                .collect();
-            let (body, envelope) = cloudevents::structured_batch(&events);
-            return (key, body, envelope);
-        }
-        let events: Vec<Vec<u8>> = group
-            .iter()
-            .filter_map(|&i| match &records[i].event {
-                Rendered::Tessel(e) => Some(e.clone()),
-                Rendered::CloudEvent(_) => None,
-            })
-            .collect();
-        let head = event::BatchHead {
-            id: &key,
-            source: self.source(),
-            topic: first.topic(),
-            partition: first.partition(),
-            first_offset: first.offset(),
-            last_offset: last.offset(),
-            count: group.len(),
-        };
-        let body = event::render_batch(&head, &events);
-        (key, body, HeaderMap::new())
+        let events = group.iter().map(|&i| records[i].event.clone());
+        self.renderer()
+            .batch(first, last, group.len(), conflict_nonce, events)
     }
 }
 

@@ -76,6 +76,20 @@ pub(super) fn client<T: FromClientConfigAndContext<SecurityContext>>(
         .context("cannot create a Kafka client for the connection")
 }
 
+/// The group's committed offsets of `parts`.
+fn committed_offsets(
+    consumer: &BaseConsumer<SecurityContext>,
+    parts: &[(String, i32)],
+) -> anyhow::Result<TopicPartitionList> {
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in parts {
+        tpl.add_partition(t, *p);
+    }
+    consumer
+        .committed_offsets(tpl, TIMEOUT)
+        .context("cannot read committed offsets")
+}
+
 fn partitions_of(
     consumer: &BaseConsumer<SecurityContext>,
     topics: &BTreeSet<&str>,
@@ -133,13 +147,7 @@ pub fn offsets_show(config: &Config, name: Option<&str>) -> anyhow::Result<Vec<P
     let (_, conn) = consuming_connection(config, name)?;
     let consumer = admin_consumer(conn)?;
     let parts = partitions_of(&consumer, &conn.topics())?;
-    let mut tpl = TopicPartitionList::new();
-    for (t, p) in &parts {
-        tpl.add_partition(t, *p);
-    }
-    let committed = consumer
-        .committed_offsets(tpl, TIMEOUT)
-        .context("cannot read committed offsets")?;
+    let committed = committed_offsets(&consumer, &parts)?;
     parts
         .into_iter()
         .map(|(topic, partition)| {
@@ -301,13 +309,7 @@ pub fn offsets_reset(
         }
         parts.retain(|(_, p)| request.partitions.contains(p));
     }
-    let mut current = TopicPartitionList::new();
-    for (t, p) in &parts {
-        current.add_partition(t, *p);
-    }
-    let current = consumer
-        .committed_offsets(current, TIMEOUT)
-        .context("cannot read committed offsets")?;
+    let current = committed_offsets(&consumer, &parts)?;
     let mut tpl = TopicPartitionList::new();
     let mut plan = Vec::new();
     for (t, p) in parts {

@@ -11,9 +11,9 @@ use super::attempt::Record;
 use super::TriggerRuntime;
 use crate::codec::Decoded;
 use crate::core::batch;
-use crate::dispatch::cloudevents;
-use crate::dispatch::event::{self, EventHeader, EventSource};
-use crate::dispatch::DispatchOutcome;
+use crate::dispatch::cloudevents::{self, CloudEvents};
+use crate::dispatch::event::{self, EventHeader, EventRecord, EventSource};
+use crate::dispatch::{DispatchOutcome, DispatchRequest};
 
 /// Whether a run of `trigger` with `records` records goes as a batch (a batch trigger's run,
 /// even of one record).
@@ -21,8 +21,10 @@ pub(super) fn is_batch(trigger: &TriggerRuntime, records: usize) -> bool {
     records > 1 || trigger.config.batch.is_some()
 }
 
-/// A record's part of its run's request, rendered by the attempt that screened it.
-pub(super) enum Rendered {
+/// A record's part of its run's request, rendered by the attempt that screened it (or by a
+/// dead-letter replay).
+#[derive(Clone)]
+pub(crate) enum Rendered {
     /// A single event's request: the event of docs/event.md, or a CloudEvent in binary mode,
     /// and the headers its envelope adds.
     Single(Vec<u8>, HeaderMap),
@@ -32,11 +34,95 @@ pub(super) enum Rendered {
     CloudEvent(Json),
 }
 
-fn source(trigger: &TriggerRuntime) -> EventSource<'_> {
-    EventSource {
-        connection: &trigger.connection,
-        trigger: &trigger.name,
-        workflow: &trigger.config.workflow,
+/// How a trigger's records become requests: the source its events name, its consumer group
+/// (part of a batch's key) and its CloudEvents envelope, if any. The daemon's runs and
+/// `dlq replay` build the same requests through it.
+pub(crate) struct Renderer<'a> {
+    /// Connection, trigger and workflow.
+    pub(crate) source: EventSource<'a>,
+    /// The consumer group.
+    pub(crate) group: &'a str,
+    /// The trigger's CloudEvents envelope.
+    pub(crate) cloudevents: Option<&'a CloudEvents>,
+}
+
+impl Renderer<'_> {
+    /// The record's part of the request: a single record's request (`batch` false), or its
+    /// event in a batch.
+    pub(crate) fn record(&self, batch: bool, record: &EventRecord<'_>) -> Rendered {
+        if batch {
+            self.event(record)
+        } else {
+            let (body, envelope) = self.single(record);
+            Rendered::Single(body, envelope)
+        }
+    }
+
+    /// A single record's request: its body and the headers its envelope adds.
+    pub(crate) fn single(&self, record: &EventRecord<'_>) -> (Vec<u8>, HeaderMap) {
+        cloudevents::request(self.cloudevents, self.source, record)
+    }
+
+    /// A record's event in a batch.
+    pub(crate) fn event(&self, record: &EventRecord<'_>) -> Rendered {
+        match self.cloudevents {
+            None => Rendered::Event(event::render(self.source, record)),
+            Some(ce) => Rendered::CloudEvent(ce.structured(&cloudevents::ce_record(record))),
+        }
+    }
+
+    /// The request for a batch of `count` records from `first` to `last` of one partition,
+    /// whose events are `events`: the batch body under the batch's key (a key of its own
+    /// after a 409: [`batch::conflict_key`]).
+    pub(crate) fn batch(
+        &self,
+        first: &OwnedMessage,
+        last: &OwnedMessage,
+        count: usize,
+        conflict_nonce: Option<u64>,
+        events: impl IntoIterator<Item = Rendered>,
+    ) -> DispatchRequest {
+        let (mut tessel, mut structured) = (Vec::new(), Vec::new());
+        for e in events {
+            match e {
+                Rendered::Single(body, _) | Rendered::Event(body) => tessel.push(body),
+                Rendered::CloudEvent(e) => structured.push(e),
+            }
+        }
+        let key = batch::request_key(self.group, first, last, count, conflict_nonce);
+        let (body, envelope) = if self.cloudevents.is_some() {
+            cloudevents::structured_batch(&structured)
+        } else {
+            let head = event::BatchHead {
+                lead: event::Lead {
+                    id: &key,
+                    source: self.source,
+                    topic: first.topic(),
+                    partition: first.partition(),
+                },
+                first_offset: first.offset(),
+                last_offset: last.offset(),
+                count,
+            };
+            (event::render_batch(&head, &tessel), HeaderMap::new())
+        };
+        DispatchRequest {
+            key,
+            body,
+            envelope,
+        }
+    }
+}
+
+fn renderer(trigger: &TriggerRuntime) -> Renderer<'_> {
+    Renderer {
+        source: EventSource {
+            connection: &trigger.connection,
+            trigger: &trigger.name,
+            workflow: &trigger.config.workflow,
+        },
+        group: &trigger.group,
+        cloudevents: trigger.cloudevents.as_ref(),
     }
 }
 
@@ -50,39 +136,26 @@ pub(super) fn render(
     key: &Decoded,
     value: &Decoded,
 ) -> Rendered {
-    let ce = trigger.cloudevents.as_ref();
-    match (ce, batch) {
-        (_, false) => {
-            let (body, envelope) =
-                cloudevents::request(ce, source(trigger), id, msg, headers, key, value);
-            Rendered::Single(body, envelope)
-        }
-        (None, true) => {
-            Rendered::Event(event::render(source(trigger), id, msg, headers, key, value))
-        }
-        (Some(ce), true) => {
-            Rendered::CloudEvent(ce.structured(&cloudevents::ce_record(id, msg, key, value)))
-        }
-    }
-}
-
-/// One request: its Idempotency-Key, its body and the headers its envelope adds.
-pub(super) struct Request {
-    pub(super) key: String,
-    pub(super) body: Vec<u8>,
-    pub(super) envelope: HeaderMap,
+    let record = EventRecord {
+        id,
+        msg,
+        headers,
+        key,
+        value,
+    };
+    renderer(trigger).record(batch, &record)
 }
 
 /// The request for the records `group` of `records`, each rendered by this attempt (the
 /// renderings are taken): a single record's event under its own key, or the batch body under
-/// the batch's key (a key of its own after a 409: [`batch::conflict_key`]).
+/// the batch's key ([`Renderer::batch`]).
 pub(super) fn request(
     trigger: &TriggerRuntime,
     batch: bool,
     records: &mut [Record],
     group: &[usize],
     conflict_nonce: Option<u64>,
-) -> Request {
+) -> DispatchRequest {
     let mut events = group.iter().filter_map(|&i| records[i].event.take());
     if !batch {
         let (body, envelope) = match events.next() {
@@ -91,40 +164,15 @@ pub(super) fn request(
             _ => (b"{}".to_vec(), HeaderMap::new()),
         };
         let key = records[group[0]].id.clone();
-        return Request {
+        return DispatchRequest {
             key,
             body,
             envelope,
         };
     }
-    let (mut tessel, mut structured) = (Vec::new(), Vec::new());
-    for e in events {
-        match e {
-            Rendered::Single(body, _) | Rendered::Event(body) => tessel.push(body),
-            Rendered::CloudEvent(e) => structured.push(e),
-        }
-    }
+    let events: Vec<Rendered> = events.collect();
     let (first, last) = (&records[group[0]].msg, &records[group[group.len() - 1]].msg);
-    let key = batch::request_key(&trigger.group, first, last, group.len(), conflict_nonce);
-    let (body, envelope) = if trigger.cloudevents.is_some() {
-        cloudevents::structured_batch(&structured)
-    } else {
-        let head = event::BatchHead {
-            id: &key,
-            source: source(trigger),
-            topic: first.topic(),
-            partition: first.partition(),
-            first_offset: first.offset(),
-            last_offset: last.offset(),
-            count: group.len(),
-        };
-        (event::render_batch(&head, &tessel), HeaderMap::new())
-    };
-    Request {
-        key,
-        body,
-        envelope,
-    }
+    renderer(trigger).batch(first, last, group.len(), conflict_nonce, events)
 }
 
 /// Sends `request`; a batch's answer also brings the body of a 2xx (which may name failed
@@ -132,25 +180,10 @@ pub(super) fn request(
 pub(super) async fn send(
     trigger: &TriggerRuntime,
     batch: bool,
-    request: Request,
+    request: DispatchRequest,
     traceparent: Option<&str>,
 ) -> (DispatchOutcome, Bytes) {
-    let Request {
-        key,
-        body,
-        envelope,
-    } = request;
-    let dispatcher = &trigger.dispatcher;
-    if batch {
-        dispatcher
-            .dispatch_batch(body, &key, traceparent, envelope)
-            .await
-    } else {
-        let outcome = dispatcher
-            .dispatch_with(body, &key, traceparent, envelope)
-            .await;
-        (outcome, Bytes::new())
-    }
+    trigger.dispatcher.send(request, traceparent, batch).await
 }
 
 /// How an answer that accepts a request is read.

@@ -641,14 +641,14 @@ mod tests {
     #[test]
     fn latencies_are_histograms_with_their_buckets() {
         let text = render_one_of_each();
-        let dispatch = |le: &str| {
+        // A bucket of a trigger's histogram.
+        let bucket = |histogram: &str, le: &str| {
             sample(
                 &text,
-                &format!(
-                    "tessel_kafka_dispatch_duration_seconds_bucket{{connection=\"c\",trigger=\"tr\",le=\"{le}\"}}"
-                ),
+                &format!("{histogram}_bucket{{connection=\"c\",trigger=\"tr\",le=\"{le}\"}}"),
             )
         };
+        let dispatch = |le: &str| bucket("tessel_kafka_dispatch_duration_seconds", le);
         assert_eq!(dispatch("0.025"), Some(0.0), "{text}");
         assert_eq!(dispatch("0.05"), Some(2.0));
         assert_eq!(dispatch("0.25"), Some(3.0));
@@ -667,14 +667,7 @@ mod tests {
         )
         .unwrap();
         assert!((sum - 0.27).abs() < 1e-9, "{sum}");
-        let e2e = |le: &str| {
-            sample(
-                &text,
-                &format!(
-                    "tessel_kafka_end_to_end_latency_seconds_bucket{{connection=\"c\",trigger=\"tr\",le=\"{le}\"}}"
-                ),
-            )
-        };
+        let e2e = |le: &str| bucket("tessel_kafka_end_to_end_latency_seconds", le);
         assert_eq!(e2e("60"), Some(0.0), "{text}");
         assert_eq!(e2e("300"), Some(1.0));
         assert_eq!(e2e("3600"), Some(1.0));

@@ -143,13 +143,7 @@ impl BenchState {
     /// The figures; with `reset`, each counter is read and zeroed in one step (runs in flight
     /// are not counters: they stay).
     fn snapshot(&self, reset: bool) -> Value {
-        let take = |a: &AtomicU64| {
-            if reset {
-                a.swap(0, Relaxed)
-            } else {
-                a.load(Relaxed)
-            }
-        };
+        let take = |a: &AtomicU64| read(a, reset);
         let requests = take(&self.requests);
         let runs = take(&self.runs);
         let duplicates = take(&self.duplicates);
@@ -559,13 +553,7 @@ impl Histogram {
 
     /// Count, mean, percentiles and max, in milliseconds; with `reset`, zeroes it.
     fn summary(&self, reset: bool) -> Value {
-        let take = |a: &AtomicU64| {
-            if reset {
-                a.swap(0, Relaxed)
-            } else {
-                a.load(Relaxed)
-            }
-        };
+        let take = |a: &AtomicU64| read(a, reset);
         let counts: Vec<u64> = self.buckets.iter().map(take).collect();
         let max = take(&self.max);
         let sum = take(&self.sum);
@@ -596,6 +584,15 @@ impl Histogram {
             "p999": quantile(0.999),
             "max": ms(max),
         })
+    }
+}
+
+/// A counter's value; with `reset`, read and zeroed in one step.
+fn read(counter: &AtomicU64, reset: bool) -> u64 {
+    if reset {
+        counter.swap(0, Relaxed)
+    } else {
+        counter.load(Relaxed)
     }
 }
 
@@ -660,14 +657,10 @@ mod tests {
         assert_eq!(status(post("e", 2, Value::Null).await), 202);
         let no_key = client.post(d.url()).body("{}").send().await;
         assert_eq!(status(no_key), 400);
-        let s: Value = client
-            .get(format!("http://{}/stats", d.addr()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let read = |request: reqwest::RequestBuilder| async {
+            request.send().await.unwrap().json::<Value>().await.unwrap()
+        };
+        let s = read(client.get(format!("http://{}/stats", d.addr()))).await;
         assert_eq!(s["requests"], 7);
         assert_eq!(s["runs"], 5);
         assert_eq!(s["duplicates"], 1);
@@ -677,23 +670,9 @@ mod tests {
         assert_eq!(s["in_flight_peak"], 1);
         assert_eq!(s["latency_ms"]["count"], 5);
         assert!(s["latency_ms"]["p50"].as_f64().unwrap() >= 3.0);
-        let sample: Value = client
-            .get(format!("http://{}/stats/sample", d.addr()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let sample = read(client.get(format!("http://{}/stats/sample", d.addr()))).await;
         assert!(sample["body"].as_str().unwrap().contains("\"offset\":5"));
-        let before: Value = client
-            .post(format!("http://{}/stats/reset", d.addr()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let before = read(client.post(format!("http://{}/stats/reset", d.addr()))).await;
         assert_eq!(before["runs"], 5);
         assert_eq!(d.stats()["runs"], 0);
         assert_eq!(status(post("a", 5, json!("k1")).await), 202);

@@ -2,7 +2,28 @@
 use super::*;
 use serde_json::json;
 
-fn input<'a>(key: &'a Json, value: &'a Json, headers: &'a [EventHeader]) -> FilterInput<'a> {
+/// A header as a record carries it: a UTF-8 value, or base64 of one that is not.
+struct Header {
+    name: &'static str,
+    value: &'static str,
+    base64: bool,
+}
+
+impl FilterHeader for Header {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn value(&self) -> Option<&str> {
+        Some(self.value)
+    }
+
+    fn base64(&self) -> bool {
+        self.base64
+    }
+}
+
+fn input<'a>(key: &'a Json, value: &'a Json, headers: &'a [Header]) -> FilterInput<'a, Header> {
     FilterInput {
         key,
         value,
@@ -14,12 +35,11 @@ fn input<'a>(key: &'a Json, value: &'a Json, headers: &'a [EventHeader]) -> Filt
     }
 }
 
-fn header(name: &str, value: &str) -> EventHeader {
-    EventHeader {
-        name: name.into(),
-        name_encoding: "utf8",
-        value: Some(value.into()),
-        encoding: "utf8",
+fn header(name: &'static str, value: &'static str) -> Header {
+    Header {
+        name,
+        value,
+        base64: false,
     }
 }
 
@@ -27,11 +47,10 @@ fn eval(expr: &str, value: Json) -> Verdict {
     let headers = [
         header("source", "web"),
         header("source", "checkout"),
-        EventHeader {
-            name: "bin".into(),
-            name_encoding: "utf8",
-            value: Some("/w==".into()),
-            encoding: "base64",
+        Header {
+            name: "bin",
+            value: "/w==",
+            base64: true,
         },
     ];
     let key = json!("cust-7");
