@@ -10,7 +10,7 @@
 //! [&X-Amz-Security-Token=…]&X-Amz-Signature=…&User-Agent=…`, a SigV4 query-string presigned
 //! GET for the service `kafka-cluster` with an empty payload, as Amazon's aws-msk-iam-auth
 //! signers produce it. Its lifetime is `X-Amz-Date + X-Amz-Expires`; librdkafka asks for a
-//! new one at 80 % of it, on whichever thread polls the client (the consumer's poll thread,
+//! new one at 80 % of it, on whichever thread polls the client (the consumer's poll round,
 //! the producer's own polling thread even while it sends nothing).
 //!
 //! # Credentials

@@ -239,7 +239,7 @@ impl ConnectionConfig {
     }
 
     /// The drain on revoke and shutdown must fit the group's timeouts. The revoke callback
-    /// holds the poll thread for up to `drain_timeout_ms` + 10 s: past `max.poll.interval.ms`
+    /// holds a poll round for up to `drain_timeout_ms` + 10 s: past `max.poll.interval.ms`
     /// librdkafka leaves the group mid-drain. With static membership (`group.instance.id`) a
     /// restart only avoids a rebalance when the drain on stop fits within
     /// `session.timeout.ms`.

@@ -54,7 +54,7 @@ pub struct ConnectorContext {
     /// Whether a partition without a committed offset is read from its end
     /// (`auto.offset.reset` latest), rather than from its beginning.
     start_at_end: bool,
-    /// Rebalances seen (assignments and revocations): the poll thread stays active after one.
+    /// Rebalances seen (assignments and revocations): the poll task stays active after one.
     rebalances: AtomicU64,
 }
 

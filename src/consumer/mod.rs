@@ -12,7 +12,7 @@
 //! # Threads
 //! One OS thread per connection polls librdkafka ([`poll_loop`]); callbacks only hand events
 //! to the async [`supervisor`], which feeds the core and carries out its commands: runs
-//! ([`crate::run`]), commits, pauses and resumes (its ops thread, in order).
+//! ([`crate::run`]), commits, pauses and resumes (its ops task, in order).
 //! A connection without triggers runs none of this, only [`crate::produce::produce_only`]'s health probe.
 
 mod commit_thread;
@@ -31,10 +31,10 @@ use rdkafka::message::OwnedMessage;
 use crate::config::ConnectionConfig;
 use crate::dispatch::event::TopicPartition;
 
-/// Capacity of the channel from the poll thread and the callbacks to the supervisor, in events.
+/// Capacity of the channel from the poll task and the callbacks to the supervisor, in events.
 pub const EVENT_CHANNEL: usize = 8;
 
-/// What the poll thread and the callbacks hand to the supervisor, in order.
+/// What the poll task and the callbacks hand to the supervisor, in order.
 #[derive(Debug)]
 pub enum ConsumerEvent {
     /// Messages, in the order librdkafka returned them (at most
@@ -97,7 +97,7 @@ pub fn consumer_config(name: &str, conn: &ConnectionConfig) -> ClientConfig {
     // a member drains and commits before it rejoins, so no commit waits behind a rejoin (see
     // the commit rule in crate::core::committer).
     // Owned by the connector (validated in the config): see crate::config. Auto-commit is off:
-    // every commit goes through the commit thread, in order (the commit rule's one path).
+    // every commit goes through the ops task, in order (the commit rule's one path).
     let _ = cfg
         .set("enable.auto.offset.store", "false")
         .set("enable.auto.commit", "false")

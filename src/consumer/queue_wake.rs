@@ -73,6 +73,22 @@ impl QueueWake {
         Ok((Self { fd, queue }, waker))
     }
 
+    /// Waits on this thread until librdkafka (or the waker) wrote, or `timeout`; clears what
+    /// was written.
+    pub(crate) fn wait(&self, timeout: std::time::Duration) {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if ready > 0 {
+            let _ = read(&self.fd);
+        }
+    }
+
     /// The eventfd, registered with the runtime's reactor (readable when written). Call
     /// within the runtime.
     pub(crate) fn register(&self) -> std::io::Result<AsyncFd<OwnedFd>> {

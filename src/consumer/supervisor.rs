@@ -1,7 +1,7 @@
 //! The supervisor of one connection: the shell around the [consumer core](crate::core). It
-//! feeds the core the consumer's events, the runs' ends and the ops thread's answers, and
+//! feeds the core the consumer's events, the runs' ends and the ops task's answers, and
 //! carries out the core's commands: runs started and signalled ([`crate::run`]), pauses,
-//! resumes and commit requests (the ops thread), a revoke's final commit and its
+//! resumes and commit requests (the ops task), a revoke's final commit and its
 //! acknowledgement. Every decision is the core's; this file only moves data.
 
 use std::sync::Arc;
@@ -178,7 +178,7 @@ impl ConnectionSupervisor {
         metrics::rebalance(&self.name, "assign");
         // librdkafka can keep a partition's pause flag across revoke and re-assign; a new
         // assignment starts unpaused, in librdkafka as in the core (behind any pause decided
-        // before the revoke, through the ops thread).
+        // before the revoke, through the ops task).
         self.pause_or_resume(false, assigned.iter().map(|a| a.tp.clone()).collect());
         let slots = self.triggers.slots(&self.name, &self.config, assigned);
         self.core.on_assigned(Instant::now(), slots);
@@ -202,7 +202,7 @@ impl ConnectionSupervisor {
         }
     }
 
-    /// Carries out what the core decided. Fails when the ops thread is gone.
+    /// Carries out what the core decided. Fails when the ops task is gone.
     async fn execute(&mut self) -> Result<(), SupervisorError> {
         let mut commands = std::mem::take(&mut self.commands);
         self.core.poll(Instant::now(), &mut commands);
@@ -259,7 +259,7 @@ impl ConnectionSupervisor {
     }
 
     async fn shut_down(mut self, poll_thread: PollThread) {
-        // The ops thread finishes its request and ends, so the final synchronous commit
+        // The ops task finishes its request and ends, so the final synchronous commit
         // below is the last one the broker sees.
         if let Some(t) = self.threads.take() {
             t.join().await;
@@ -284,14 +284,14 @@ impl ConnectionSupervisor {
         let commits = self.core.stop_commit();
         let retry = Some(commit_thread::FINAL_COMMIT_RETRY);
         commit_thread::commit_sync_retrying(&self.name, &self.consumer, commits, retry).await;
-        // A revoke that arrived with the shutdown is complete now: release the poll thread's
+        // A revoke that arrived with the shutdown is complete now: release the poll task's
         // revoke callback at once instead of letting it wait for its deadline.
         if let Some(ack) = self.revoke_ack.take() {
             let _ = ack.send(());
         }
         self.consumer.context().set_closing();
         self.runs.tasks.close();
-        // The poll thread holds the last reference: closing (callbacks) runs off the runtime.
+        // The poll task holds the last reference: closing (callbacks) runs off the runtime.
         drop(self.consumer);
         drop(self.events);
         poll_thread.join().await;

@@ -6,7 +6,7 @@
 //! acknowledgement). [`Core::next_wake`] says when to poll again if nothing happens.
 //!
 //! The core does no I/O, keeps no clock and holds no task, channel, lock or client: the
-//! supervisor (the shell) feeds it from the consumer, the runs and the commit thread, and
+//! supervisor (the shell) feeds it from the consumer, the runs and the ops task, and
 //! carries out its commands. Records, triggers and permits are the shell's types, which the
 //! core does not look into ([`Shell`]); what runs already started are to do goes out as a
 //! [`RunSignal`]. The simulator
@@ -228,7 +228,7 @@ impl<S: Shell> Core<S> {
         self.stopping = true;
     }
 
-    /// The final commit of a stop (after the runs drained and the commit thread's last
+    /// The final commit of a stop (after the runs drained and the ops task's last
     /// request was answered), except partitions of a lost assignment in progress.
     pub fn stop_commit(&mut self) -> CommitBatch {
         let lost: Vec<TopicPartition> = match &self.revoke {

@@ -652,7 +652,7 @@ impl Sim {
         member.core.on_revoked(now, vec![Self::tp(part)], false);
     }
 
-    /// Member `m` stops in order (SIGTERM): its commit thread's request is answered, its
+    /// Member `m` stops in order (SIGTERM): its ops task's request is answered, its
     /// runs end (a parked key's run is abandoned by the drain), it commits for the last time
     /// and leaves the group, whose partitions go to the others.
     fn stop(&mut self, m: usize) {
