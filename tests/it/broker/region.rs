@@ -52,6 +52,38 @@ fn member_ids(admin: &BaseConsumer, group: &str) -> Vec<String> {
     ids
 }
 
+/// Asks the daemon at `base` to reload its configuration.
+async fn reload(base: &str) {
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/-/reload"))
+        .send()
+        .await
+        .expect("POST /-/reload");
+    assert_eq!(resp.status(), 202);
+}
+
+/// Writes the configuration at `path` as an orchestrator does: a new file renamed over the
+/// old one.
+fn write_config(path: &std::path::Path, text: &str) {
+    let name = path.file_name().unwrap().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.new"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// SIGTERM, then the daemon must exit 0; its log.
+fn stop(daemon: &mut std::process::Child, log: &std::path::Path) -> String {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &daemon.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = daemon.wait().unwrap();
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(exit.success(), "exit {exit:?}: {text}");
+    text
+}
+
 struct Tenant {
     name: &'static str,
     topic: String,
@@ -133,25 +165,13 @@ async fn a_failing_tenant_is_retried_while_the_others_run_and_a_reload_applies_o
         text
     };
     let path = dir.path().join("config.toml");
-    // Written as an orchestrator does: a new file renamed over the old one.
-    let write = |text: String| {
-        let tmp = dir.path().join(".config.toml.new");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    };
+    let write = |text: String| write_config(&path, &text);
     let missing_ca = dir.path().join("no-such-ca.pem");
     write(config(&missing_ca.display().to_string(), ""));
     let log = std::env::temp_dir().join(format!("{}.log", unique("region")));
     let mut daemon = spawn_daemon(&path, std::fs::File::create(&log).unwrap().into());
     let base = format!("http://127.0.0.1:{admin_port}");
-    let reload = || async {
-        let resp = reqwest::Client::new()
-            .post(format!("{base}/-/reload"))
-            .send()
-            .await
-            .expect("POST /-/reload");
-        assert_eq!(resp.status(), 202);
-    };
+    let reload = || reload(&base);
 
     // The good tenants drain their topics while the other two cannot run.
     wait_for("the good tenants' runs", Duration::from_secs(60), || {
@@ -284,13 +304,159 @@ async fn a_failing_tenant_is_retried_while_the_others_run_and_a_reload_applies_o
     );
     assert_eq!(d.repeats(), 0, "{:?}", d.repeated_keys());
 
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &daemon.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let exit = daemon.wait().unwrap();
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(exit.success(), "exit {exit:?}: {text}");
+    let text = stop(&mut daemon, &log);
     assert!(text.contains("configuration reload refused"), "{text}");
+}
+
+/// The offsets of `connection`'s accepted runs, per partition of a 2-partition topic.
+fn accepted_offsets(d: &DevDispatcher, connection: &str) -> [Vec<i64>; 2] {
+    let mut out = [Vec::new(), Vec::new()];
+    for r in d.runs() {
+        if r.event["connection"] == connection {
+            let p = r.event["partition"].as_i64().expect("partition") as usize;
+            out[p].push(r.event["offset"].as_i64().expect("offset"));
+        }
+    }
+    out
+}
+
+/// Issue 28: of 20 running connections, a reload changes one trigger's concurrency, adds a
+/// connection and removes one. The untouched 18 keep their consumers (member ids), see no
+/// rebalance and keep dispatching; the changed one restarts and dispatches on; the removed one
+/// commits exactly what it accepted before it stops; the added one drains its topic.
+#[tokio::test(flavor = "multi_thread")]
+async fn of_twenty_connections_a_reload_restarts_the_changed_stops_the_removed_and_starts_the_added(
+) {
+    let s = stack();
+    let names: Vec<&'static str> = (0..21)
+        .map(|i| &*Box::leak(format!("t{i:02}").into_boxed_str()))
+        .collect();
+    let tenants: Vec<Tenant> = names.iter().map(|n| Tenant::new(n, "")).collect();
+    for t in &tenants {
+        create_topic(&t.topic, 2).await;
+    }
+    futures::future::join_all(tenants.iter().map(|t| produce_keyed(&t.topic, 0, 20, 5))).await;
+    let d = dispatcher(Default::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let plaintext = format!("\"bootstrap.servers\" = \"{}\"", s.bootstrap);
+    // Tenants `running` in the configuration; t00's trigger with `concurrency`.
+    let config = |running: &[&Tenant], concurrency: usize| {
+        let mut text =
+            format!("[server]\nlisten = \"127.0.0.1:{admin_port}\"\nreload_endpoint = true\n");
+        for t in running {
+            let mut toml = t.toml(&plaintext, &d.url());
+            if t.name == "t00" {
+                toml.push_str(&format!("concurrency = {concurrency}\n"));
+            }
+            text.push_str(&toml);
+        }
+        text
+    };
+    let path = dir.path().join("config.toml");
+    let write = |text: String| write_config(&path, &text);
+    let (first, added) = tenants.split_at(20);
+    let (added, removed, changed) = (&added[0], &first[19], &first[0]);
+    let untouched = &first[1..19];
+    write(config(&first.iter().collect::<Vec<_>>(), 8));
+    let log = std::env::temp_dir().join(format!("{}.log", unique("region-reload")));
+    let mut daemon = spawn_daemon(&path, std::fs::File::create(&log).unwrap().into());
+    let base = format!("http://127.0.0.1:{admin_port}");
+
+    wait_for(
+        "every tenant's first 20 runs",
+        Duration::from_secs(90),
+        || {
+            let runs = runs_by_connection(&d);
+            first
+                .iter()
+                .all(|t| runs.get(t.name) == Some(&20))
+                .then_some(())
+        },
+    )
+    .await;
+    let admin: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &s.bootstrap)
+        .create()
+        .unwrap();
+    let members = |ts: &[Tenant]| -> Vec<Vec<String>> {
+        ts.iter().map(|t| member_ids(&admin, &t.group)).collect()
+    };
+    let before = members(untouched);
+    assert!(before.iter().all(|m| m.len() == 1), "{before:?}");
+    let changed_before = member_ids(&admin, &changed.group);
+    // Every kind (assign, revoke, lost) together.
+    let rebalances = |metrics: &str, t: &Tenant| -> f64 {
+        let label = format!("connection=\"{}\"", t.name);
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("tessel_kafka_rebalances_total") && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let metrics_before = get_text(&format!("{base}/metrics")).await.unwrap();
+
+    // More records everywhere while the reload happens.
+    futures::future::join_all(first.iter().map(|t| produce_keyed(&t.topic, 20, 30, 5))).await;
+    let mut running: Vec<&Tenant> = first[..19].iter().collect();
+    running.push(added);
+    write(config(&running, 4));
+    reload(&base).await;
+
+    wait_for(
+        "the untouched and changed tenants' 30 runs, the added one's 20",
+        Duration::from_secs(90),
+        || {
+            let runs = runs_by_connection(&d);
+            (first[..19].iter().all(|t| runs.get(t.name) == Some(&30))
+                && runs.get(added.name) == Some(&20))
+            .then_some(())
+        },
+    )
+    .await;
+    // The removed tenant left its group, having committed exactly what it accepted: in each
+    // partition, up to the first offset it did not.
+    wait_for(
+        "the removed tenant's consumer gone",
+        Duration::from_secs(60),
+        || member_ids(&admin, &removed.group).is_empty().then_some(()),
+    )
+    .await;
+    let accepted = accepted_offsets(&d, removed.name);
+    let expected: Vec<i64> = accepted
+        .iter()
+        .map(|offsets| {
+            let mut next = 0;
+            while offsets.contains(&next) {
+                next += 1;
+            }
+            next
+        })
+        .collect();
+    let committed = super::committed(&removed.group, &removed.topic, 2);
+    assert_eq!(committed, expected, "the removed tenant's last commit");
+    assert!(
+        expected.iter().sum::<i64>() >= 20,
+        "it ran its first records"
+    );
+
+    assert_eq!(members(untouched), before, "untouched consumers kept");
+    let changed_after = member_ids(&admin, &changed.group);
+    assert_eq!(changed_after.len(), 1);
+    assert_ne!(
+        changed_after, changed_before,
+        "the changed tenant restarted"
+    );
+    let metrics_after = get_text(&format!("{base}/metrics")).await.unwrap();
+    for t in untouched {
+        assert_eq!(
+            rebalances(&metrics_after, t),
+            rebalances(&metrics_before, t),
+            "{} saw no rebalance",
+            t.name
+        );
+    }
+    assert_eq!(d.repeats(), 0, "{:?}", d.repeated_keys());
+
+    let _ = stop(&mut daemon, &log);
 }
