@@ -1,7 +1,7 @@
-//! Many tenants in one daemon (issue 28): a connection that cannot start or authenticate is
-//! reported and retried while the others run, and a configuration reload applies only what
-//! changed: untouched connections keep their consumer (member id) and keep dispatching, an
-//! invalid configuration is refused with everything left running.
+//! Many tenants in one daemon (issue 28): a connection that cannot start, authenticate or
+//! reach its registry is reported and retried while the others run, and a configuration
+//! reload applies only what changed: untouched connections keep their consumer (member id) and
+//! keep dispatching, an invalid configuration is refused with everything left running.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -134,6 +134,22 @@ async fn a_failing_tenant_is_retried_while_the_others_run_and_a_reload_applies_o
         create_topic(&t.topic, 2).await;
         produce_keyed(&t.topic, 0, 20, 5).await;
     }
+    // Its records are Avro in the registry's wire format; its registry is unreachable.
+    let bad_reg = Tenant::new("bad-reg", "");
+    create_topic(&bad_reg.topic, 2).await;
+    let orders: Vec<Value> = (0..20)
+        .map(|i| {
+            serde_json::json!({"key": format!("k{}", i % 5),
+                "value": {"order_id": format!("o-{i}"), "amount": 1.5 * i as f64, "tags": ["a"]}})
+        })
+        .collect();
+    let _ = super::reference_produce(serde_json::json!({
+        "bootstrap": s.bootstrap, "registry": s.registry_url, "topic": bad_reg.topic,
+        "key": {"format": "string"}, "value": {"format": "avro", "schema": super::triggers::ORDER_AVRO},
+        "steps": [{"txn": null, "records": orders}]
+    }))
+    .await;
+    let dead_registry = format!("http://127.0.0.1:{}", free_port());
     let d = dispatcher(Default::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let password_file = dir.path().join("sasl-password");
@@ -153,7 +169,7 @@ async fn a_failing_tenant_is_retried_while_the_others_run_and_a_reload_applies_o
             s.bootstrap_ssl, s.client_cert_pem, s.client_key_pem
         )
     };
-    let config = |ca: &str, extra: &str| {
+    let config = |ca: &str, registry: &str, extra: &str| {
         let mut text = format!(
             "[server]\nlisten = \"127.0.0.1:{admin_port}\"\nreload_endpoint = true\n{extra}"
         );
@@ -162,12 +178,20 @@ async fn a_failing_tenant_is_retried_while_the_others_run_and_a_reload_applies_o
         }
         text.push_str(&bad_ca.toml(&ssl(ca), &d.url()));
         text.push_str(&bad_pw.toml(&sasl, &d.url()));
+        text.push_str(&bad_reg.toml(&plaintext, &d.url()));
+        text.push_str(&format!(
+            "[connections.bad-reg.schema_registry]\nurl = \"{registry}\"\n"
+        ));
         text
     };
     let path = dir.path().join("config.toml");
     let write = |text: String| write_config(&path, &text);
     let missing_ca = dir.path().join("no-such-ca.pem");
-    write(config(&missing_ca.display().to_string(), ""));
+    write(config(
+        &missing_ca.display().to_string(),
+        &dead_registry,
+        "",
+    ));
     let log = std::env::temp_dir().join(format!("{}.log", unique("region")));
     let mut daemon = spawn_daemon(&path, std::fs::File::create(&log).unwrap().into());
     let base = format!("http://127.0.0.1:{admin_port}");
@@ -197,7 +221,14 @@ async fn a_failing_tenant_is_retried_while_the_others_run_and_a_reload_applies_o
                     "connection=\"bad-ca\"",
                 )
                 .is_some_and(|n| n >= 1.0)
-                && health["connections"]["bad-pw"]["kafka_error"].is_string();
+                && health["connections"]["bad-pw"]["kafka_error"].is_string()
+                && health["connections"]["bad-reg"]["registry_reachable"] == false
+                && sample(
+                    &metrics,
+                    "tessel_kafka_registry_errors_total",
+                    "connection=\"bad-reg\"",
+                )
+                .is_some_and(|n| n >= 1.0);
             reported.then_some((metrics, health))
         },
     )
@@ -222,6 +253,7 @@ async fn a_failing_tenant_is_retried_while_the_others_run_and_a_reload_applies_o
     assert_eq!(ready, 200);
     assert!(!runs_by_connection(&d).contains_key("bad-ca"));
     assert!(!runs_by_connection(&d).contains_key("bad-pw"));
+    assert!(!runs_by_connection(&d).contains_key("bad-reg"));
     assert!(daemon.try_wait().unwrap().is_none(), "the daemon runs on");
 
     let admin: BaseConsumer = ClientConfig::new()
@@ -235,13 +267,17 @@ async fn a_failing_tenant_is_retried_while_the_others_run_and_a_reload_applies_o
         "{members_before:?}"
     );
 
-    // The CA path and the password file are fixed; a reload starts the two, only them.
+    // The CA path, the password file and the registry are fixed; a reload restarts the three,
+    // only them.
     std::fs::write(&password_file, format!("{}\n", s.admin_password)).unwrap();
-    write(config(&s.ca_pem, ""));
+    write(config(&s.ca_pem, &s.registry_url, ""));
     reload().await;
     wait_for("the fixed tenants' runs", Duration::from_secs(90), || {
         let runs = runs_by_connection(&d);
-        (runs.get("bad-ca") == Some(&20) && runs.get("bad-pw") == Some(&20)).then_some(())
+        (runs.get("bad-ca") == Some(&20)
+            && runs.get("bad-pw") == Some(&20)
+            && runs.get("bad-reg") == Some(&20))
+        .then_some(())
     })
     .await;
     produce_keyed(&good[0].topic, 20, 30, 5).await;
@@ -259,7 +295,7 @@ async fn a_failing_tenant_is_retried_while_the_others_run_and_a_reload_applies_o
     );
 
     // An invalid configuration is refused: everything keeps running.
-    write(config(&s.ca_pem, "this is not toml"));
+    write(config(&s.ca_pem, &s.registry_url, "this is not toml"));
     reload().await;
     let metrics = wait_for_async(
         "the refused reload counted",
@@ -306,6 +342,11 @@ async fn a_failing_tenant_is_retried_while_the_others_run_and_a_reload_applies_o
 
     let text = stop(&mut daemon, &log);
     assert!(text.contains("configuration reload refused"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("bad-reg") && l.contains("schema registry unavailable")),
+        "the unreachable registry named in the log: {text}"
+    );
 }
 
 /// The offsets of `connection`'s accepted runs, per partition of a 2-partition topic.
