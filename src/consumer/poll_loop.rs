@@ -149,7 +149,7 @@ impl Poller {
     /// Rounds on this thread of the blocking pool, waiting for librdkafka here between them,
     /// for as long as the connection is active; back to the runtime once it is quiet. A busy
     /// connection then costs what a thread of its own did (no hop through the runtime per
-    /// batch: handing each round to the pool made a drain by key 10% slower and 12% dearer
+    /// batch: handing each round to the pool made a drain by key 5% slower and 10% dearer
     /// per event); a quiet one holds no thread. False when the supervisor is gone.
     fn rounds_while_active(&mut self, stop: &AtomicBool) -> bool {
         loop {
