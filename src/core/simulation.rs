@@ -28,7 +28,7 @@
 //! seeds that once failed are kept in [`REGRESSION_SEEDS`]. `scripts/sim N` runs N schedules
 //! in a release build (`TESSEL_SIM_SCHEDULES`, `TESSEL_SIM_FIRST_SEED`).
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::config::Ordering;
@@ -100,7 +100,7 @@ struct Member {
     /// Assignments the core told to stop retrying (or abandoned).
     drained: HashSet<AssignmentId>,
     /// Per owned partition: the next offset the consumer fetches, and whether it is paused.
-    fetch: HashMap<i32, (i64, bool)>,
+    fetch: BTreeMap<i32, (i64, bool)>,
     runs: Vec<Run>,
     /// Runs this member saw accepted, and how many of them a confirmed commit covers.
     accepted: u64,
@@ -222,7 +222,7 @@ impl Sim {
             handover: None,
             trigger: TestTrigger::new(p.concurrency),
             drained: HashSet::new(),
-            fetch: HashMap::new(),
+            fetch: BTreeMap::new(),
             runs: Vec::new(),
             accepted: 0,
             covered: 0,
