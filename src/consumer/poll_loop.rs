@@ -136,8 +136,9 @@ struct Poller {
 impl Poller {
     /// How long to wait for librdkafka before the next round. A quiet connection's wait is
     /// drawn between 80% and 120% of [`QUIET_POLL`]: connections started together would
-    /// otherwise all wake in the same millisecond, each round taking a thread of the
-    /// blocking pool at once (100 idle connections kept 133 of them alive).
+    /// otherwise all wake in the same millisecond, each round wanting a thread of the
+    /// blocking pool at once. (What kept 103 pool threads alive for 100 idle connections was
+    /// the pool's keep-alive, see `BLOCKING_KEEP_ALIVE` in main.rs.)
     fn timeout(&self) -> Duration {
         if self.last_activity.elapsed() < SETTLE {
             POLL_TIMEOUT

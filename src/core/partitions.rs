@@ -532,42 +532,45 @@ impl<S: Shell> PartitionSet<S> {
             let Some(id) = self.id_of(&tp.topic, tp.partition) else {
                 continue;
             };
-            let Some(p) = self.get_mut(id) else {
+            let Some(Some(p)) = self.slots.get_mut(id.0 as usize) else {
                 continue;
             };
-            p.revoking = true;
-            let _ = p.queue.clear_waiting();
-            p.batch_bytes = 0;
-            p.batch_since = None;
-            let freed = std::mem::take(&mut p.buffered_bytes);
-            let a = AssignmentId {
-                id,
-                generation: p.generation,
-            };
-            self.signals.push(RunSignal::Drain(a));
+            let a = Self::drain(p, id, &mut self.buffered_bytes, &mut self.signals);
             if lost {
                 self.signals.push(RunSignal::Abandon(a));
             }
-            self.buffered_bytes -= freed;
         }
     }
 
     /// Stops every partition's retries and drops waiting messages (shutdown).
     pub fn drain_all(&mut self) {
         for (i, slot) in self.slots.iter_mut().enumerate() {
-            let Some(p) = slot else {
-                continue;
-            };
-            p.revoking = true;
-            let _ = p.queue.clear_waiting();
-            p.batch_bytes = 0;
-            p.batch_since = None;
-            self.buffered_bytes -= std::mem::take(&mut p.buffered_bytes);
-            self.signals.push(RunSignal::Drain(AssignmentId {
-                id: PartitionId(i as u32),
-                generation: p.generation,
-            }));
+            if let Some(p) = slot {
+                let id = PartitionId(i as u32);
+                let _ = Self::drain(p, id, &mut self.buffered_bytes, &mut self.signals);
+            }
         }
+    }
+
+    /// Partition `p` in slot `id` starts nothing more: its waiting messages are dropped (their
+    /// bytes leave the connection's budget) and its runs are told to stop retrying.
+    fn drain(
+        p: &mut Partition<S>,
+        id: PartitionId,
+        buffered_bytes: &mut usize,
+        signals: &mut Vec<RunSignal>,
+    ) -> AssignmentId {
+        p.revoking = true;
+        let _ = p.queue.clear_waiting();
+        p.batch_bytes = 0;
+        p.batch_since = None;
+        *buffered_bytes -= std::mem::take(&mut p.buffered_bytes);
+        let a = AssignmentId {
+            id,
+            generation: p.generation,
+        };
+        signals.push(RunSignal::Drain(a));
+        a
     }
 
     /// Hands over the run signals decided since the last call, in order.

@@ -60,6 +60,14 @@ struct Tokens {
     cancel: CancellationToken,
 }
 
+impl Tokens {
+    /// Give up, which includes retrying no more.
+    fn abandon(&self) {
+        self.drain.cancel();
+        self.cancel.cancel();
+    }
+}
+
 /// What a run tells the supervisor.
 pub(crate) enum WorkerEvent {
     /// A started run ended.
@@ -168,8 +176,7 @@ impl Runs {
             RunSignal::Drain(a) => self.tokens.entry(a).or_default().drain.cancel(),
             RunSignal::Abandon(a) => {
                 if let Some(t) = self.tokens.remove(&a) {
-                    t.drain.cancel();
-                    t.cancel.cancel();
+                    t.abandon();
                 }
             }
         }
@@ -178,8 +185,7 @@ impl Runs {
     /// Abandons every run still in progress (the stop's drain deadline passed).
     pub(crate) fn abandon_all(&mut self) {
         for (_, t) in self.tokens.drain() {
-            t.drain.cancel();
-            t.cancel.cancel();
+            t.abandon();
         }
     }
 
