@@ -1,17 +1,25 @@
 //! Deterministic simulation of the consumer core: several members' [`Core`]s driven, from
-//! one seed, against a simulated group coordinator (commits answered late, in the order sent,
-//! refused with ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID or, during a rebalance,
-//! REBALANCE_IN_PROGRESS), partition logs with aborted records, and a dispatcher with latency
-//! that parks keys (a batch whose records' keys are parked fails partially), with handovers
-//! (a revoke that drains, waits for the commit request out and commits last), orderly stops,
-//! kills and restarts at any step. One schedule in three runs a batch trigger. The simulator
-//! plays the shell: it hands each core its events and carries out its commands, through the
-//! plain [`TestShell`]. At the core's level a dispatcher's answers reduce to a record handled
-//! or not and when: how 5xx, 4xx, 409, Retry-After, partial failures and panics map to that
-//! is `run::decide` and the error policy, unit-tested there.
+//! one seed, against a simulated group coordinator (`simulation/group.rs`) under one of the
+//! group protocols ([`Protocol`]: classic with dynamic members, classic with static members
+//! (a killed member keeps its partitions until its session expires, a restart within it takes
+//! them back in the same generation and fences the old incarnation), or KIP-848's per-member
+//! epochs, checked strictly or per partition as KIP-1251 relaxes it), with commits answered
+//! late, in the order sent, applied or refused as that protocol's broker does
+//! (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID,
+//! STALE_MEMBER_EPOCH); partition logs with aborted records; and a dispatcher with latency,
+//! 5xx and 429 with Retry-After (the run tries again), keys it answers 5xx while faults last
+//! (their runs end only by a drain) and keys it refuses (4xx, or the run panics: dead-lettered
+//! under `on_error = "dead_letter"`, held under "block"), so that a batch fails in part; with
+//! handovers (a revoke that drains, waits for the commit request out and commits last),
+//! orderly stops, kills and restarts at any step. One schedule in three runs a batch trigger.
+//! The simulator plays the shell: it hands each core its events and carries out its commands,
+//! through the plain [`TestShell`]. At the core's level an answer reduces to a record handled
+//! or not, and when; which answer means which is `run::decide` and the error policy,
+//! unit-tested there.
 //! Invariants are checked after every step:
 //!
-//! - **no loss**: a committed offset never passes a data record the dispatcher did not accept;
+//! - **no loss**: a committed offset never passes a data record that was not handled (accepted
+//!   by the dispatcher, or dead-lettered; "accepted" below means either);
 //! - **no move back**: a commit applied for the partition's current owner never lowers the
 //!   group's committed offset;
 //! - **key order**: the first run of a record starts only after the first runs of every
@@ -21,7 +29,7 @@
 //!   its last confirmed commit (an orderly handover or stop repeats nothing);
 //! - **bounded**: records waiting per partition and offsets tracked above a gap stay within
 //!   their bounds;
-//! - **liveness**: once faults stop (no kill or handover, no parked key), every data record is
+//! - **liveness**: once faults stop (no kill or handover, no failing answer), every data record is
 //!   accepted and committed within a bounded number of steps. This is what catches a wedge.
 //!
 //! A failing seed is shrunk (fewer records, fewer steps before the faults stop) and printed;
@@ -32,11 +40,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::config::Ordering;
-use crate::core::committer::CommitResult;
-use crate::core::partitions::{Limits, Start, TriggerSlot};
+use crate::core::partitions::{Limits, Start};
 use crate::core::shell::{AssignmentId, Record as _, RunSignal};
 use crate::core::testing::{record, TestRecord, TestShell, TestTrigger};
-use crate::core::AssignedPartition;
 use crate::core::CommitBatch;
 use crate::core::{Command, Core};
 use crate::dispatch::event::TopicPartition;
@@ -69,12 +75,16 @@ const TOPIC: &str = "sim";
 /// How long a revoke waits for its runs (simulated milliseconds, one per step).
 const DRAIN_TIMEOUT: Duration = Duration::from_millis(300);
 
+mod group;
 mod schedule;
-use schedule::{LogRecord, Params, Rng};
+use schedule::{LogRecord, Params, Protocol, Rng};
 
 /// A commit request on its way to the coordinator.
 struct Request {
     member: usize,
+    /// The incarnation of the member that sent it (a restart is a new one).
+    incarnation: u64,
+    /// The member's generation (under KIP-848, its epoch) when it sent the request.
     generation: u64,
     due: u64,
     /// The member's accepted runs when the request was taken: a confirmation covers them.
@@ -92,7 +102,16 @@ struct Run {
 
 struct Member {
     alive: bool,
+    /// Restarts of this member so far: the coordinator tells incarnations apart (a new
+    /// member id; a static member's instance id moves to the new one).
+    incarnation: u64,
+    /// A dead static member's session: the step it expires at, until which the group keeps
+    /// its partitions and applies its commits still on the way.
+    expires: Option<u64>,
+    /// The group's generation as this member knows it (under KIP-848, the member's epoch).
     generation: u64,
+    /// Per owned partition, the generation (epoch) it was assigned at.
+    assigned_at: BTreeMap<i32, u64>,
     core: Core<TestShell>,
     /// A handover in progress: the partition revoked and the member it goes to.
     handover: Option<(i32, usize)>,
@@ -123,7 +142,8 @@ struct Sim {
     owner: Vec<Option<usize>>,
     requests: VecDeque<Request>,
     members: Vec<Member>,
-    /// Dispatcher: accepted (partition, offset) and runs per offset.
+    /// Dispatcher: handled (partition, offset), accepted or dead-lettered, and runs per
+    /// offset.
     accepted: HashSet<(i32, i64)>,
     runs_of: HashMap<(i32, i64), u32>,
     /// Data records in the logs.
@@ -132,13 +152,22 @@ struct Sim {
     first_unaccepted: Vec<i64>,
     /// Per partition and key, the data offsets whose first run has not started, in order.
     not_started: HashMap<(i32, u64), BTreeSet<i64>>,
-    /// Keys the dispatcher fails while faults last.
+    /// Keys the dispatcher answers 5xx while faults last: retried for ever (unlimited
+    /// retries), so a run holding one ends only by a drain.
     parked: HashSet<u64>,
+    /// Keys the dispatcher refuses (4xx), or whose run panics, while faults last: a failure,
+    /// so `on_error` applies (see [`Params::dead_letter`]).
+    rejected: HashSet<u64>,
+    /// The dispatcher's answers, drawn from their own stream (adding them changed no other
+    /// draw of a seed).
+    answers: Rng,
     faults: bool,
     /// Runs started for records the dispatcher had accepted already, and what the kills so
     /// far allow of them.
     repeats: u64,
     repeat_bound: u64,
+    /// How often each refusal, membership event and dispatcher answer happened.
+    seen: BTreeMap<&'static str, u64>,
 }
 
 impl Sim {
@@ -155,6 +184,8 @@ impl Sim {
             })
             .collect();
         let parked = (0..p.keys).filter(|_| rng.chance(20)).collect();
+        let mut answers = Rng(p.seed ^ 0x0D15);
+        let rejected = (0..p.keys).filter(|_| answers.chance(15)).collect();
 
         let members = (0..p.members).map(|_| Self::member(&p, 0)).collect();
         let mut sim = Self {
@@ -174,9 +205,12 @@ impl Sim {
             first_unaccepted: vec![0; p.partitions as usize],
             not_started: HashMap::new(),
             parked,
+            rejected,
+            answers,
             faults: true,
             repeats: 0,
             repeat_bound: 0,
+            seen: BTreeMap::new(),
         };
         sim.index_logs();
         for part in 0..p.partitions {
@@ -208,7 +242,10 @@ impl Sim {
     fn member(p: &Params, generation: u64) -> Member {
         Member {
             alive: true,
+            incarnation: 0,
+            expires: None,
             generation,
+            assigned_at: BTreeMap::new(),
             core: Core::new(
                 Limits {
                     per_partition: p.per_partition,
@@ -240,41 +277,6 @@ impl Sim {
         }
     }
 
-    /// The coordinator gives `part` to member `m` in a new generation.
-    fn assign(&mut self, part: i32, m: usize) {
-        self.generation += 1;
-        self.owner[part as usize] = Some(m);
-        let (offset, metadata) = self.committed[part as usize].clone();
-        let committed = (offset >= 0).then_some(offset);
-        let now = self.now();
-        // Every live member rejoins into the new generation (an empty assignment for the
-        // others).
-        for (i, member) in self.members.iter_mut().enumerate() {
-            if member.alive && i != m {
-                member.generation = self.generation;
-                member.core.on_assigned(now, Vec::new());
-            }
-        }
-        let member = &mut self.members[m];
-        member.generation = self.generation;
-        let slot = TriggerSlot {
-            index: 0,
-            ordering: self.p.ordering,
-            runtime: member.trigger.clone(),
-            batch: self.p.batch,
-        };
-        let assigned = AssignedPartition {
-            tp: Self::tp(part),
-            committed,
-            metadata,
-        };
-        member.core.on_assigned(now, vec![(assigned, slot)]);
-        // The consumer starts at the commit, or the beginning.
-        let _ = member.fetch.insert(part, (committed.unwrap_or(0), false));
-        // librdkafka reports no position until it fetched.
-        member.core.on_position(&Self::tp(part), None);
-    }
-
     /// Runs the schedule to its end; returns the repeats and their bound.
     fn run(mut self) -> Result<(u64, u64), Violation> {
         let fault_steps = self.p.fault_steps as u64;
@@ -285,6 +287,7 @@ impl Sim {
             if self.faults && self.step > fault_steps {
                 self.stop_faults();
             }
+            self.expire_sessions();
             self.one_step()?;
             self.check()?;
             if !self.faults && self.all_done() {
@@ -332,27 +335,6 @@ impl Sim {
         }
         out.push_str(&format!("\n  owners {:?}", self.owner));
         out
-    }
-
-    fn stop_faults(&mut self) {
-        self.faults = false;
-        self.parked.clear();
-        // Every partition gets a live owner.
-        for part in 0..self.p.partitions {
-            let owner_alive = self.owner[part as usize].is_some_and(|m| self.members[m].alive);
-            if !owner_alive {
-                let m = self.live_member();
-                self.assign(part, m);
-            }
-        }
-    }
-
-    fn live_member(&mut self) -> usize {
-        if let Some(m) = (0..self.members.len()).find(|m| self.members[*m].alive) {
-            return m;
-        }
-        self.members[0] = Self::member(&self.p, self.generation);
-        0
     }
 
     fn one_step(&mut self) -> Result<(), Violation> {
@@ -429,6 +411,7 @@ impl Sim {
                     let due = self.step + 1 + self.rng.below(30);
                     self.requests.push_back(Request {
                         member: m,
+                        incarnation: self.members[m].incarnation,
                         generation: self.members[m].generation,
                         due,
                         accepted_at_take: self.members[m].accepted,
@@ -502,10 +485,11 @@ impl Sim {
     /// the handover chose (or any live one).
     fn finish_revoke(&mut self, m: usize, partitions: &[TopicPartition], commit: CommitBatch) {
         for (tp, offset, metadata) in commit {
-            if self.generation == self.members[m].generation {
+            if self.final_commit_applies(m) {
                 self.apply_commit(m, &tp, offset, &metadata);
             }
         }
+        self.released(m, partitions);
         let target = self.members[m].handover.take();
         for tp in partitions {
             let _ = self.members[m].fetch.remove(&tp.partition);
@@ -517,9 +501,19 @@ impl Sim {
         }
     }
 
-    /// The dispatcher answers one of member `m`'s runs that is due: accepted, unless a
-    /// record's key is parked (then the run retries it, and only a drain ends it; the
-    /// batch's other records are accepted, a partial failure).
+    /// Whether the dispatcher's answer for `key` holds its run until a drain: 5xx retried
+    /// for ever, or a refusal (4xx, a panic) under `on_error = "block"`.
+    fn held(&self, key: u64) -> bool {
+        self.parked.contains(&key) || (!self.p.dead_letter && self.rejected.contains(&key))
+    }
+
+    /// The dispatcher answers one of member `m`'s runs that is due. While faults last, an
+    /// answer may be a 5xx or a 429 with Retry-After: the run retries later. Each record is
+    /// accepted (202, or 409 for one accepted before: the repeats), unless its key is held
+    /// (the run retries it, and only a drain ends it; the batch's other records are handled,
+    /// a partial failure). A refused record is dead-lettered under `on_error =
+    /// "dead_letter"`: handled, as `run::decide` and the error policy decide, unit-tested
+    /// there.
     fn complete(&mut self, m: usize) {
         if !self.members[m].alive || self.members[m].runs.is_empty() {
             return;
@@ -529,22 +523,32 @@ impl Sim {
         if run.done_at > self.step {
             return;
         }
-        let parked = run.records.iter().any(|(_, k)| self.parked.contains(k));
+        let held = run.records.iter().any(|(_, k)| self.held(*k));
         let drained = self.members[m].drained.contains(&run.start.assignment());
-        if parked && !drained {
+        if held && !drained {
+            return;
+        }
+        if self.faults && self.answers.chance(10) {
+            // 503, or 429 with Retry-After: this attempt failed, the run tries again.
+            let retry_after = 1 + self.answers.below(40);
+            self.members[m].runs[i].done_at = self.step + retry_after;
+            self.saw("dispatcher: retry after a 5xx or a 429");
             return;
         }
         self.finish_run(m, i);
     }
 
-    /// Member `m`'s run `i` ends: each record accepted by the dispatcher, or abandoned (its
-    /// key parked and its partition drained).
+    /// Member `m`'s run `i` ends: each record accepted by the dispatcher or dead-lettered
+    /// (handled), or abandoned (its key held and its partition drained).
     fn finish_run(&mut self, m: usize, i: usize) {
         let run = self.members[m].runs.swap_remove(i);
         let part = run.start.msg.partition();
         let mut outcomes = Vec::with_capacity(run.records.len());
         for &(offset, key) in &run.records {
-            let handled = !self.parked.contains(&key);
+            let handled = !self.held(key);
+            if handled && self.rejected.contains(&key) {
+                self.saw("dispatcher: refused, dead-lettered");
+            }
             if handled {
                 self.accept(part, offset);
                 self.members[m].accepted += 1;
@@ -567,66 +571,6 @@ impl Sim {
     /// Member `m`'s core is polled (its commit requests go out when due).
     fn commit_flow(&mut self, m: usize) {
         let _ = self.process(m);
-    }
-
-    /// The coordinator applies the oldest request (requests are applied in the order sent),
-    /// once it is due, and answers it.
-    fn deliver_request(&mut self) {
-        if self.requests.front().is_none_or(|r| r.due > self.step) {
-            return;
-        }
-        let Some(r) = self.requests.pop_front() else {
-            return;
-        };
-        // The classic protocol checks the member's generation, not who owns the partition. A
-        // member the group no longer knows (killed: its session expired) is refused as such;
-        // while a rebalance is under way (a member revoking) the coordinator may refuse
-        // commits of the current generation too.
-        let rebalancing = self.members.iter().any(|m| m.alive && m.core.revoking());
-        let refused = if !self.members[r.member].alive {
-            Some("UNKNOWN_MEMBER_ID")
-        } else if r.generation != self.generation {
-            Some("ILLEGAL_GENERATION")
-        } else if rebalancing && self.rng.chance(30) {
-            Some("REBALANCE_IN_PROGRESS")
-        } else {
-            None
-        };
-        let valid = refused.is_none();
-        let mut results = Vec::new();
-        for (tp, offset, metadata) in r.commits {
-            if valid {
-                self.apply_commit(r.member, &tp, offset, &metadata);
-            }
-            results.push(CommitResult {
-                tp,
-                offset,
-                metadata,
-                refused: refused.map(str::to_owned),
-            });
-        }
-        if self.members[r.member].alive {
-            let now = self.now();
-            let member = &mut self.members[r.member];
-            member.core.on_commit_answer(now, &results);
-            // Every commit taken so far is confirmed: what was accepted before this request
-            // was taken is covered.
-            if valid && member.core.commits_settled() {
-                member.covered = member.covered.max(r.accepted_at_take);
-            }
-        }
-    }
-
-    fn apply_commit(&mut self, m: usize, tp: &TopicPartition, offset: i64, metadata: &str) {
-        let part = tp.partition as usize;
-        let current = self.owner[part] == Some(m);
-        let before = self.committed[part].0;
-        if current && offset < before {
-            // Checked in `check` through this marker.
-            self.committed[part] = (i64::MIN, format!("moved back from {before} to {offset}"));
-            return;
-        }
-        self.committed[part] = (offset, metadata.to_owned());
     }
 
     /// An orderly handover of one partition: its owner's core revokes it (the runs drain,
@@ -677,54 +621,11 @@ impl Sim {
         }
         let commits = self.members[m].core.stop_commit();
         for (tp, offset, metadata) in commits {
-            if self.generation == self.members[m].generation {
+            if self.final_commit_applies(m) {
                 self.apply_commit(m, &tp, offset, &metadata);
             }
         }
         self.kill(m);
-    }
-
-    /// Member `m` dies: its runs in flight are lost (a dispatcher may still have accepted
-    /// them), its requests on the way may still arrive, its partitions go to others.
-    fn kill(&mut self, m: usize) {
-        if !self.members[m].alive {
-            return;
-        }
-        self.members[m].alive = false;
-        // What this kill may make the group offer again: the runs in flight, and the runs
-        // accepted since the last confirmed commit that covered them.
-        let member = &self.members[m];
-        let in_flight: usize = member.runs.iter().map(|r| r.records.len()).sum();
-        self.repeat_bound += in_flight as u64 + (member.accepted - member.covered);
-        for run in std::mem::take(&mut self.members[m].runs) {
-            let part = run.start.msg.partition();
-            for (offset, key) in run.records {
-                if self.rng.chance(50) && !self.parked.contains(&key) {
-                    self.accept(part, offset);
-                }
-            }
-        }
-        let orphans: Vec<i32> = (0..self.p.partitions)
-            .filter(|p| self.owner[*p as usize] == Some(m))
-            .collect();
-        for part in orphans {
-            self.owner[part as usize] = None;
-            if let Some(to) = (0..self.members.len()).find(|x| self.members[*x].alive) {
-                self.assign(part, to);
-            }
-        }
-    }
-
-    fn restart(&mut self, m: usize) {
-        if self.members[m].alive {
-            return;
-        }
-        self.members[m] = Self::member(&self.p, self.generation);
-        for part in 0..self.p.partitions {
-            if self.owner[part as usize].is_none() {
-                self.assign(part, m);
-            }
-        }
     }
 
     /// The dispatcher accepted the record at `offset` of `part`.

@@ -27,6 +27,43 @@ impl Rng {
     }
 }
 
+/// The group protocol a schedule's coordinator runs (`../shared/notes/simulation-anchors.md`
+/// §4 has the broker's rules and their sources).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Protocol {
+    /// Classic, dynamic members: a rebalance is a new generation for every member, a commit
+    /// of another generation is refused (ILLEGAL_GENERATION), one of a member the group no
+    /// longer knows too (UNKNOWN_MEMBER_ID: killed, or restarted under a new member id), and
+    /// a killed member's session expires at once.
+    Classic,
+    /// Classic with `group.instance.id`: a killed member keeps its partitions (unread) for
+    /// `session_steps`; its commits still on the way are applied meanwhile. A restart before
+    /// then takes them back in the same generation, with no rebalance, and fences the old
+    /// incarnation (its later commits: FENCED_INSTANCE_ID).
+    Static { session_steps: u64 },
+    /// KIP-848: each member has its own epoch, and only members whose assignment changes
+    /// move to a new one (the revoking member once it released the partition); no
+    /// REBALANCE_IN_PROGRESS. A commit is checked against the member's epoch: strictly
+    /// (any other epoch: STALE_MEMBER_EPOCH), or per partition as KIP-1251 relaxes it (the
+    /// epoch the partition was assigned at ≤ the request's ≤ the member's).
+    Consumer { relaxed: bool },
+}
+
+impl Protocol {
+    /// Drawn from its own stream: adding it changed no other parameter of a seed.
+    fn from_seed(seed: u64) -> Self {
+        let mut r = Rng(seed ^ 0x0848);
+        match r.below(6) {
+            0..=2 => Protocol::Classic,
+            3 => Protocol::Static {
+                session_steps: 5 + r.below(200),
+            },
+            4 => Protocol::Consumer { relaxed: false },
+            _ => Protocol::Consumer { relaxed: true },
+        }
+    }
+}
+
 /// The shape of one schedule, drawn from its seed (and made smaller when shrinking).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Params {
@@ -43,6 +80,10 @@ pub(super) struct Params {
     pub(super) max_tracked_above: usize,
     /// A batch trigger's bounds (simulated milliseconds), or None: single records.
     pub(super) batch: Option<BatchLimits>,
+    pub(super) protocol: Protocol,
+    /// The trigger's `on_error`: "dead_letter" (a refused record is written to the
+    /// dead-letter topic and counts as handled), or "block" (its key holds, as a 5xx's).
+    pub(super) dead_letter: bool,
 }
 
 impl Params {
@@ -70,6 +111,8 @@ impl Params {
                 max_bytes: 1 << 20,
                 max_wait: Duration::from_millis(r.below(40)),
             }),
+            protocol: Protocol::from_seed(seed),
+            dead_letter: Rng(seed ^ 0xDEAD).chance(50),
         };
         // As the configuration guarantees (`config::MAX_CONCURRENCY`, and
         // `config::MAX_BATCH_RECORDS`): a trigger's records in flight (its runs, or a batch
