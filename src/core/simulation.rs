@@ -4,7 +4,8 @@
 //! (a killed member keeps its partitions until its session expires, a restart within it takes
 //! them back in the same generation and fences the old incarnation), or KIP-848's per-member
 //! epochs, checked strictly or per partition as KIP-1251 relaxes it), with commits answered
-//! late, in the order sent, applied or refused as that protocol's broker does
+//! late, each member's in the order it sent them and different members' in any order, applied
+//! or refused as that protocol's broker does
 //! (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID,
 //! STALE_MEMBER_EPOCH); partition logs with aborted records; and a dispatcher with latency,
 //! 5xx and 429 with Retry-After (the run tries again), keys it answers 5xx while faults last
@@ -161,6 +162,8 @@ struct Sim {
     /// The dispatcher's answers, drawn from their own stream (adding them changed no other
     /// draw of a seed).
     answers: Rng,
+    /// Which of several members' due requests the coordinator applies first, likewise.
+    coordinator: Rng,
     faults: bool,
     /// Runs started for records the dispatcher had accepted already, and what the kills so
     /// far allow of them.
@@ -207,6 +210,7 @@ impl Sim {
             parked,
             rejected,
             answers,
+            coordinator: Rng(p.seed ^ 0xC00D),
             faults: true,
             repeats: 0,
             repeat_bound: 0,
@@ -603,14 +607,7 @@ impl Sim {
         if !self.members[m].alive || self.members[m].core.revoking() {
             return;
         }
-        while let Some(pos) = self.requests.iter().position(|r| r.member == m) {
-            for _ in 0..=pos {
-                if let Some(front) = self.requests.front_mut() {
-                    front.due = 0;
-                }
-                self.deliver_request();
-            }
-        }
+        self.deliver_all_of(m);
         let now = self.now();
         self.members[m].core.on_stop(now);
         let mut commands = Vec::new();

@@ -257,6 +257,8 @@ fn every_protocol_reaches_its_refusals_and_membership_events() {
         "Relaxed: UNKNOWN_MEMBER_ID",
         "Classic: dispatcher: retry after a 5xx or a 429",
         "Classic: dispatcher: refused, dead-lettered",
+        "Classic: coordinator: a request applied before another member's earlier one",
+        "Strict: coordinator: a request applied before another member's earlier one",
     ] {
         assert!(
             seen.get(want).is_some_and(|n| *n > 0),

@@ -165,13 +165,48 @@ impl Sim {
         }
     }
 
-    /// The coordinator applies the oldest request (requests are applied in the order sent),
-    /// once it is due, and answers it.
+    /// The coordinator applies one due request and answers it: a member's requests in the
+    /// order it sent them (one connection), different members' (or incarnations') in any
+    /// order.
     pub(super) fn deliver_request(&mut self) {
-        if self.requests.front().is_none_or(|r| r.due > self.step) {
-            return;
+        let heads: Vec<usize> = (0..self.requests.len())
+            .filter(|&i| {
+                let r = &self.requests[i];
+                r.due <= self.step
+                    && !self
+                        .requests
+                        .iter()
+                        .take(i)
+                        .any(|e| e.member == r.member && e.incarnation == r.incarnation)
+            })
+            .collect();
+        let chosen = match heads.len() {
+            0 => return,
+            1 => heads[0],
+            n => heads[self.coordinator.below(n as u64) as usize],
+        };
+        if chosen > 0 {
+            self.saw("coordinator: a request applied before another member's earlier one");
         }
-        let Some(mut r) = self.requests.pop_front() else {
+        self.deliver(chosen);
+    }
+
+    /// Delivers member `m`'s requests still on the way, in order (an orderly stop waits for
+    /// them).
+    pub(super) fn deliver_all_of(&mut self, m: usize) {
+        let incarnation = self.members[m].incarnation;
+        while let Some(i) = self
+            .requests
+            .iter()
+            .position(|r| r.member == m && r.incarnation == incarnation)
+        {
+            self.deliver(i);
+        }
+    }
+
+    /// The coordinator applies the request at `index` of the queue, and answers it.
+    fn deliver(&mut self, index: usize) {
+        let Some(mut r) = self.requests.remove(index) else {
             return;
         };
         let mut valid = true;
