@@ -14,7 +14,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const MAX_BLOCKING_THREADS: usize = 4_096;
 
 /// How long an idle thread of the blocking pool lives. An idle region's rounds (a statistics
-/// event every 2 s per connection, a quiet poll every ~5 s) wake idle threads in turn, so
+/// event every 5 s per connection, a quiet poll every ~5 s) wake idle threads in turn, so
 /// with tokio's 10 s every thread a burst created (a drain, a rebalance) stayed for ever
 /// (100 idle connections kept 103); at 100 ms about (rounds per second) / 10 remain.
 const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(100);
