@@ -98,15 +98,42 @@ pub fn dispatcher_answer(text: &str) {
     assert!(!redacted.is_empty() || text.is_empty());
 }
 
-/// Commit metadata written by another member (or anyone with WRITE on the group).
+/// Commit metadata written by another member (or anyone with WRITE on the group): read as a
+/// well-formed map of at most `MAX_METADATA_OFFSETS` offsets above `offset`, or refused; the
+/// map read is written again exactly (within the longest metadata), and a tracker loaded
+/// with it runs.
 pub fn commit_metadata(offset: i64, metadata: &str) {
-    let set = crate::core::offsets::parse_metadata(offset, metadata);
-    assert!(set.len() <= crate::core::offsets::MAX_METADATA_OFFSETS);
-    let mut t = crate::core::offsets::OffsetTracker::from_committed(Some(offset), metadata);
-    for o in set.iter().take(64) {
-        let _ = t.received(*o);
-        t.handled(*o);
+    use crate::core::offset_codec::{self, MAX_METADATA_CHARS, MAX_METADATA_OFFSETS};
+    let Ok(map) = offset_codec::decode(offset, metadata) else {
+        let mut t = crate::core::offsets::OffsetTracker::from_committed(Some(offset), metadata);
+        assert!(offset < 0 || t.metadata_refused().is_some() || metadata.is_empty());
+        let _ = t.take_new_commit();
+        return;
+    };
+    let mut last = offset;
+    for &(s, e) in map.ranges() {
+        assert!(s > last && s < e, "{map:?}");
+        last = e;
     }
+    assert!(map.len() as i64 <= MAX_METADATA_OFFSETS);
+    let runs = offset_codec::runs_of(offset, map.ranges().iter().copied());
+    let (again, cut) = offset_codec::encode(offset, &runs, MAX_METADATA_CHARS);
+    if !cut {
+        assert_eq!(offset_codec::decode(offset, &again).as_ref(), Ok(&map));
+    }
+    if offset < 0 {
+        return;
+    }
+    let mut t = crate::core::offsets::OffsetTracker::from_committed(Some(offset), metadata);
+    let _ = t.received(offset);
+    for o in map.iter().take(64) {
+        assert_eq!(
+            t.received(o),
+            crate::core::offsets::Received::AlreadyAccepted
+        );
+    }
+    let _ = t.map_fits(1, 1);
+    t.handled(offset);
     let _ = t.take_new_commit();
 }
 

@@ -2,9 +2,9 @@
 //!
 //! # Layout
 //! Floors, lowest first; a module imports only from floors below its own.
-//! - [`tls`], [`config`]: TLS client settings; TOML + environment configuration, validated,
-//!   secrets redacted, with the filter language ([`config::filter`]: a trigger's `filter` is
-//!   compiled at load).
+//! - [`tls`], [`config`], [`limits`]: TLS client settings; TOML + environment configuration,
+//!   validated, secrets redacted, with the filter language ([`config::filter`]: a trigger's
+//!   `filter` is compiled at load); the open-files limit and the descriptors held.
 //! - [`telemetry`], [`codec`]: metrics, traces, logs; Confluent wire format, Schema Registry
 //!   client, Avro/Protobuf/JSON to JSON.
 //! - [`dispatch`]: the run dispatcher client, retry timing, and [`dispatch::event`], the event
@@ -18,6 +18,10 @@
 //!   `on_error`, dead letters.
 //! - [`consumer`]: the shell around the core per connection: poll and ops (commit, pause, resume) threads,
 //!   the supervisor, the monitor.
+//! - [`control`]: operators' view and hands: the status model, parked keys, target states
+//!   (pause, resume), retry, skip and redrive, as an API, a web console and `ctl`; its shared
+//!   state sits beside [`run`], its service beside [`admin`].
+//! - [`region`]: placement of connections on a region's replicas through the region group.
 //! - [`admin`], [`app`], [`shutdown`]: running the daemon.
 //! - [`cli`], [`cli::commands`]: the command line and what each command does; [`fuzz`]: the
 //!   fuzz targets' entry points.
@@ -32,11 +36,14 @@ pub mod clients;
 pub mod codec;
 pub mod config;
 pub mod consumer;
+pub mod control;
 pub mod core;
 pub mod dispatch;
 pub mod fuzz;
+pub mod limits;
 pub mod ops;
 pub mod produce;
+pub mod region;
 pub mod run;
 pub mod shutdown;
 pub mod telemetry;

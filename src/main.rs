@@ -20,6 +20,9 @@ const MAX_BLOCKING_THREADS: usize = 4_096;
 const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(100);
 
 fn main() -> ExitCode {
+    // Before any client or socket exists: descriptors grow with the work (librdkafka's sockets
+    // and wake-up descriptors per client, dispatcher connections); the daemon logs the outcome.
+    tessel_kafka::limits::raise_at_start();
     let cli = Cli::parse();
     // Each connection polls librdkafka and commits on the blocking pool, and a revoke holds
     // its poll round until the connection drained (bounded by drain_timeout_ms). The pool's

@@ -23,11 +23,20 @@ use serde::Serialize;
 /// loop that is stuck, not a busy one.
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(30);
 
+/// Panics in a row of one connection's tasks (each followed by a restart, without a run of
+/// a minute between them) at which `/livez` fails.
+pub const PANICS_FOR_LIVEZ: u32 = 3;
+
 /// Shared health state of the daemon.
 #[derive(Clone, Debug)]
 pub struct HealthRegistry {
     inner: Arc<Mutex<BTreeMap<String, ConnectionHealth>>>,
     heartbeats: Arc<Mutex<BTreeMap<String, Heartbeat>>>,
+    /// Per connection, its restarts in a row after a panic of one of its tasks.
+    panics: Arc<Mutex<BTreeMap<String, u32>>>,
+    /// With a region cluster: this replica in the region group, and which connections it
+    /// runs and why.
+    region: Arc<Mutex<Option<serde_json::Value>>>,
     /// What heartbeats count their milliseconds from.
     origin: Instant,
 }
@@ -37,6 +46,8 @@ impl Default for HealthRegistry {
         Self {
             inner: Arc::default(),
             heartbeats: Arc::default(),
+            panics: Arc::default(),
+            region: Arc::default(),
             origin: Instant::now(),
         }
     }
@@ -126,6 +137,11 @@ pub struct ConnectionHealth {
     pub stalled_partitions: BTreeMap<String, String>,
     /// Triggers stopped by a configuration error, and why.
     pub stopped_triggers: BTreeMap<String, String>,
+    /// Triggers an operator paused, and the reason given (a chosen state, not a fault).
+    pub paused_triggers: BTreeMap<String, String>,
+    /// Keys parked on this replica: runs waiting to try their record again
+    /// (`GET /api/v1/status` names each).
+    pub parked_keys: usize,
     /// Why the brokers cannot be used, when authentication or TLS fails (for example
     /// `authentication failed: …`, `TLS handshake failed: …`).
     pub kafka_error: Option<String>,
@@ -163,13 +179,51 @@ impl HealthRegistry {
             .insert(connection.to_owned(), health);
     }
 
+    /// `connection` is started again after `in_a_row` panics of its tasks with no long run
+    /// between them (0: it ran long enough, or did not panic).
+    pub fn set_panic_restarts(&self, connection: &str, in_a_row: u32) {
+        let mut panics = self.panics.lock().unwrap_or_else(|p| p.into_inner());
+        if in_a_row == 0 {
+            let _ = panics.remove(connection);
+        } else {
+            let _ = panics.insert(connection.to_owned(), in_a_row);
+        }
+    }
+
+    /// Connections whose restarts keep failing: at least [`PANICS_FOR_LIVEZ`] panics in a row.
+    /// One panic restarts its connection and the pod stays live; a connection that panics
+    /// again and again fails `/livez`, so the pod is replaced.
+    pub fn failing_restarts(&self) -> BTreeMap<String, u32> {
+        self.panics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, n)| **n >= PANICS_FOR_LIVEZ)
+            .map(|(c, n)| (c.clone(), *n))
+            .collect()
+    }
+
     /// Forgets a connection (removed by a reload).
     pub fn remove(&self, connection: &str) {
+        self.set_panic_restarts(connection, 0);
         let _ = self
             .inner
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(connection);
+    }
+
+    /// Replaces what the region reports.
+    pub fn set_region(&self, region: serde_json::Value) {
+        *self.region.lock().unwrap_or_else(|p| p.into_inner()) = Some(region);
+    }
+
+    /// What the region reports (None without a region cluster).
+    pub fn region(&self) -> Option<serde_json::Value> {
+        self.region
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Every connection's health.

@@ -10,7 +10,8 @@
 //!   false: taking the pod out of its Service would stop the produce API and block rolling
 //!   updates for a reason a restart cannot fix.
 //! - `/health`: that downstream state, per connection, as JSON (503 when a connection is
-//!   degraded, for people and scripts; not a probe).
+//!   degraded, for people and scripts; not a probe); with a region cluster, also this
+//!   replica's place in the region and which connections it runs and why (`region`).
 //! - `/healthz`: a constant `ok`, kept for existing checks (the image's HEALTHCHECK).
 
 pub mod health;
@@ -94,6 +95,18 @@ fn liveness(
     now: std::time::Instant,
 ) -> (StatusCode, Json<serde_json::Value>) {
     let wedged = health.wedged(now, health::LIVENESS_BOUND);
+    let failing = health.failing_restarts();
+    if !failing.is_empty() {
+        tracing::error!(connections = ?failing.keys().collect::<Vec<_>>(),
+            "a connection panics again after every restart");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "status": "restarts_failing",
+                "panics_in_a_row": failing,
+            })),
+        );
+    }
     if wedged.is_empty() {
         return (StatusCode::OK, Json(serde_json::json!({"status": "ok"})));
     }
@@ -137,10 +150,14 @@ async fn health_handler(State(state): State<AdminState>) -> impl IntoResponse {
             c["event_loop_silent_ms"] = silent.into();
         }
     }
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "status": if healthy { "healthy" } else { "degraded" },
         "connections": detail,
     });
+    // With a region cluster: which connections run here and why.
+    if let Some(region) = state.health.region() {
+        body["region"] = region;
+    }
     (status, Json(body))
 }
 

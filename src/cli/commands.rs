@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use crate::cli::dev_dispatcher::bench::BenchDispatcher;
 use crate::cli::dev_dispatcher::{DevDispatcher, Faults};
 use crate::cli::{Cli, Command, ConfigCommand, DlqCommand, OffsetsCommand};
-use crate::config::{Config, LogConfig};
+use crate::config::{Config, LogConfig, LogFormat};
 use crate::ops::tools;
 use crate::{app::App, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
@@ -16,8 +16,9 @@ pub async fn execute(cli: Cli) -> ExitCode {
         Command::Run { config: path } => {
             let config = match Config::load(&path) {
                 Ok(c) => c,
-                Err(e) => return fail(&e.to_string()),
+                Err(e) => return fatal(log_format_of(&path), &e.to_string()),
             };
+            let format = config.log.format;
             let traces = telemetry::init_tracing(&config.log, config.otlp.as_ref());
             for notice in config.notices() {
                 tracing::info!(notice = %notice, "configuration translated");
@@ -31,7 +32,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
             let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
             match result {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(&format!("{e:#}")),
+                Err(e) => fatal(format, &one_line(&e)),
             }
         }
         Command::Config {
@@ -52,6 +53,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
             Err(e) => fail(&e.to_string()),
         },
         Command::Check { config, json } => check_command(&config, json).await,
+        Command::Ctl(args) => super::ctl::run(args).await,
         Command::Offsets { command } => tools_command(command).await,
         Command::Produce(args) => {
             let config = match Config::load(&args.config) {
@@ -64,7 +66,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
                     eprintln!("{summary}");
                     ExitCode::SUCCESS
                 }
-                Err(e) => fail(&format!("{e:#}")),
+                Err(e) => fail_with(&e),
             }
         }
         Command::Dlq {
@@ -194,7 +196,7 @@ async fn tools_command(command: OffsetsCommand) -> ExitCode {
                     }
                     ExitCode::SUCCESS
                 }
-                Err(e) => fail(&format!("{e:#}")),
+                Err(e) => fail_with(&e),
             }
         }
         OffsetsCommand::Reset {
@@ -238,7 +240,7 @@ async fn tools_command(command: OffsetsCommand) -> ExitCode {
                     }
                     ExitCode::SUCCESS
                 }
-                Err(e) => fail(&format!("{e:#}")),
+                Err(e) => fail_with(&e),
             }
         }
     }
@@ -313,7 +315,7 @@ async fn dlq_replay_command(
                 fail(&format!("{} record(s) were not accepted", s.failed))
             }
         }
-        Err(e) => fail(&format!("{e:#}")),
+        Err(e) => fail_with(&e),
     }
 }
 
@@ -393,4 +395,51 @@ fn print_json(value: &impl serde::Serialize) -> ExitCode {
 fn fail(message: &str) -> ExitCode {
     eprintln!("error: {message}");
     ExitCode::FAILURE
+}
+
+/// An error and its causes on one line, each cause once (an OS error its wrapper already
+/// prints is not repeated), URLs redacted.
+fn one_line(e: &anyhow::Error) -> String {
+    crate::config::redacted_error_chain(e.as_ref())
+}
+
+fn fail_with(e: &anyhow::Error) -> ExitCode {
+    fail(&one_line(e))
+}
+
+/// The daemon's last words, in its log format: a JSON log line (level ERROR, the message,
+/// `fatal: true`) when the logs are JSON, so that a log pipeline parses a crash-looping pod's
+/// reason like any other line; `error: <message>` otherwise.
+fn fatal(format: LogFormat, message: &str) -> ExitCode {
+    match format {
+        LogFormat::Text => fail(message),
+        LogFormat::Json => {
+            // Installs the JSON log if the daemon had not yet (a config that does not load);
+            // otherwise the daemon's own subscriber writes the line.
+            let _ = telemetry::init_tracing(
+                &LogConfig {
+                    format: LogFormat::Json,
+                    level: "error".to_owned(),
+                },
+                None,
+            );
+            tracing::error!(fatal = true, "{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The log format a configuration that does not load asks for, as far as it can be read:
+/// `log.format` of the file (when it is TOML at all), or `TESSEL_KAFKA__LOG__FORMAT`, which
+/// wins as it would in a loaded configuration. Text when neither says JSON.
+fn log_format_of(path: &std::path::Path) -> LogFormat {
+    let from_env = std::env::var(format!("{}__LOG__FORMAT", crate::config::ENV_PREFIX)).ok();
+    let from_file = || {
+        let doc: toml::Table = std::fs::read_to_string(path).ok()?.parse().ok()?;
+        doc.get("log")?.get("format")?.as_str().map(str::to_owned)
+    };
+    match from_env.or_else(from_file).as_deref().map(str::trim) {
+        Some("json") => LogFormat::Json,
+        _ => LogFormat::Text,
+    }
 }

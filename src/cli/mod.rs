@@ -1,6 +1,7 @@
 //! Command-line interface of the `tessel-kafka` binary.
 
 pub mod commands;
+pub mod ctl;
 pub mod dev_dispatcher;
 pub mod http_load;
 mod produce;
@@ -60,6 +61,9 @@ pub enum Command {
     /// and checks, without a token). Records are JSON objects, one per line, as the API takes
     /// them; each acknowledged record prints `{"topic", "partition", "offset"}`.
     Produce(ProduceArgs),
+    /// The operator API of a running daemon: the region's status with its parked keys;
+    /// pause and resume a trigger; retry or skip a parked record; redrive dead letters.
+    Ctl(ctl::CtlArgs),
     /// Run a local run dispatcher that prints one line per run.
     DevDispatcher {
         /// Address to listen on.

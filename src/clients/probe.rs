@@ -593,3 +593,34 @@ pub(crate) fn matching_topics(
         .map(str::to_owned)
         .collect())
 }
+
+/// How many partitions the topics of connection `name` have in all (a pattern counts the
+/// topics it matches now): the most members its consumer group can give work to. With a
+/// short-lived client of the connection's own settings.
+pub fn partition_count(name: &str, conn: &ConnectionConfig) -> anyhow::Result<usize> {
+    let context = SecurityContext::for_connection(name, conn)?;
+    let consumer: BaseConsumer<SecurityContext> = client_config(conn)
+        .create_with_context(context)
+        .context("cannot create a client")?;
+    let (patterns, named): (Vec<&str>, Vec<&str>) = conn
+        .topics()
+        .into_iter()
+        .partition(|t| crate::config::is_pattern(t));
+    let mut topics: BTreeSet<String> = named.into_iter().map(str::to_owned).collect();
+    if !patterns.is_empty() {
+        topics.extend(matching_topics(&consumer, &patterns)?);
+    }
+    let mut total = 0;
+    for topic in &topics {
+        let md = consumer
+            .fetch_metadata(Some(topic), PROBE_TIMEOUT)
+            .with_context(|| format!("metadata of {topic}"))?;
+        total += md
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic && t.error().is_none())
+            .map(|t| t.partitions().len())
+            .sum::<usize>();
+    }
+    Ok(total)
+}

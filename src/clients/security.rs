@@ -370,6 +370,8 @@ pub struct SecurityContext {
     /// The group coordinator lookup was refused (GROUP_AUTHORIZATION_FAILED); librdkafka
     /// reports it once, as an error event.
     group_refused: std::sync::atomic::AtomicBool,
+    /// Counts the client this context belongs to (`tessel_kafka_region_clients`).
+    _count: crate::telemetry::metrics::ClientCount,
 }
 
 impl SecurityContext {
@@ -381,6 +383,7 @@ impl SecurityContext {
             last_failure: Arc::new(Mutex::new(None)),
             idempotence: Arc::new(Mutex::new(None)),
             group_refused: std::sync::atomic::AtomicBool::new(false),
+            _count: crate::telemetry::metrics::ClientCount::new(),
         }
     }
 

@@ -59,6 +59,13 @@ pub struct ConnectionConfig {
     /// paused. Default 67108864 (64 MiB).
     #[serde(default = "default_max_buffered_bytes")]
     pub max_buffered_bytes: usize,
+    /// The longest commit metadata the connector writes, in characters: the brokers'
+    /// `offset.metadata.max.bytes` (4096 unless changed). The metadata carries which offsets
+    /// above a partition's committed offset were handled; a partition whose map might
+    /// outgrow this starts nothing but the record it waits on until the map shrinks, so a
+    /// handover never repeats what was handled. At most 8192. Default 4096.
+    #[serde(default = "default_commit_metadata_max_bytes")]
+    pub commit_metadata_max_bytes: usize,
     /// Removed. A transactional producer used to commit the same offsets while the
     /// consumer's own commits waited behind a rejoin; its writes and the consumer's could
     /// land out of order and move a partition's committed offset back, so every commit now
@@ -158,6 +165,7 @@ impl std::fmt::Debug for ConnectionConfig {
                 &self.max_buffered_per_partition,
             )
             .field("max_buffered_bytes", &self.max_buffered_bytes)
+            .field("commit_metadata_max_bytes", &self.commit_metadata_max_bytes)
             .field("commit_fallback", &self.commit_fallback)
             .field("aws", &self.aws)
             .field("produce_topics", &self.produce_topics)
@@ -177,6 +185,9 @@ fn default_max_buffered_per_partition() -> usize {
 }
 fn default_max_buffered_bytes() -> usize {
     64 * 1024 * 1024
+}
+fn default_commit_metadata_max_bytes() -> usize {
+    crate::core::offsets::DEFAULT_METADATA_MAX_CHARS
 }
 fn default_registry_timeout_ms() -> u64 {
     10_000
@@ -309,6 +320,17 @@ impl ConnectionConfig {
             return Err(ConfigError::invalid(
                 format!("connections.{name}"),
                 "connection names use letters, digits, '-' and '_'",
+            ));
+        }
+        let max = crate::core::offset_codec::MAX_METADATA_CHARS;
+        if self.commit_metadata_max_bytes > max {
+            return Err(ConfigError::invalid(
+                key("commit_metadata_max_bytes"),
+                format!(
+                    "{} is more than {max}: a map that long is not read back (set the \
+                     brokers' offset.metadata.max.bytes, 4096 by default, or less)",
+                    self.commit_metadata_max_bytes
+                ),
             ));
         }
         // A connection without triggers runs no consumer and needs no group.
@@ -527,6 +549,23 @@ dispatcher = {{ url = "http://127.0.0.1:8080/runs" }}
             "\"session.timeout.ms\" = \"soon\"",
             "",
             &["session.timeout.ms"],
+        );
+    }
+
+    #[test]
+    fn the_commit_metadata_budget_is_at_most_what_is_read_back() {
+        let c = load("", "").unwrap();
+        assert_eq!(c.connections["orders"].commit_metadata_max_bytes, 4096);
+        assert!(load("", "commit_metadata_max_bytes = 0").is_ok());
+        assert!(load("", "commit_metadata_max_bytes = 8192").is_ok());
+        assert_refused(
+            "",
+            "commit_metadata_max_bytes = 8193",
+            &[
+                "connections.orders.commit_metadata_max_bytes",
+                "8193",
+                "8192",
+            ],
         );
     }
 

@@ -5,13 +5,14 @@ use thiserror::Error;
 /// Why a configuration could not be used. Display is one line that names the key.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    /// The file could not be read. The I/O error is part of the message and not a source, so
+    /// that a chain printed as `a: b: c` names it once.
+    #[error("cannot read config file {path}: {error}")]
     Read {
         /// The path given.
         path: String,
         /// The I/O error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The text is not valid TOML or does not fit the structs (unknown key, wrong type).
     #[error("{}", match key { Some(k) => format!("invalid config at `{k}`: {message}"), None => format!("invalid config: {message}") })]

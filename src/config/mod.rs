@@ -8,11 +8,14 @@
 //!
 //! Every field documents its default; `config/example.toml` mirrors these structs.
 
+mod api;
 mod connection;
+mod dispatch;
 mod error;
 pub mod filter;
 mod otlp;
 mod produce;
+mod region;
 mod registry_paste;
 mod secret;
 pub mod security;
@@ -24,10 +27,15 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use api::{Access, ApiConfig, ApiGrant};
 pub use connection::{CommitFallback, ConnectionConfig, RegistryConfig};
+pub use dispatch::{DispatchConfig, MAX_CONNECTIONS_PER_ORIGIN};
 pub use error::ConfigError;
 pub use otlp::{OtlpConfig, OtlpProtocol};
 pub use produce::{topic_matches, ProduceConfig, ProducerConfig, TokenGrant};
+pub use region::{
+    ControlConfig, PlacementConfig, RegionConfig, MAX_PLACEMENT_SLOTS, REGION_OWNED_PROPERTIES,
+};
 pub use secret::{
     fingerprint, is_secret_property, redact_text, redact_url, redacted_error_chain, Endpoint,
     Secret, REDACTED,
@@ -57,9 +65,23 @@ pub struct Config {
     /// The produce API: tokens and limits.
     #[serde(default)]
     pub produce: ProduceConfig,
+    /// The operator API and web console: tokens (read or act, per connection and trigger)
+    /// and an optional listener of their own.
+    #[serde(default)]
+    pub api: ApiConfig,
+    /// The connections kept to run dispatchers, shared per origin.
+    #[serde(default)]
+    pub dispatch: DispatchConfig,
+    /// This replica and its region: placement of connections on replicas, where operators'
+    /// target states live, the peers that actions are forwarded to.
+    #[serde(default)]
+    pub region: RegionConfig,
     /// Kafka connections by name (`[connections.<name>]`). Each runs one consumer in a group.
     #[serde(default)]
     pub connections: BTreeMap<String, ConnectionConfig>,
+    /// The files secrets were read from (not a setting): watched for reloads.
+    #[serde(skip)]
+    secret_files: std::collections::BTreeSet<std::path::PathBuf>,
 }
 
 /// The daemon's own HTTP server.
@@ -137,9 +159,9 @@ impl Config {
         path: &Path,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         Self::from_source(&text, Some(&path.display().to_string()), env)
     }
@@ -176,7 +198,18 @@ impl Config {
                 overrides.push(o);
             }
         }
-        let mut config = deserialize_with_overrides(doc, overrides)?;
+        let (config, secret_files) =
+            secret::recording_secret_files(|| deserialize_with_overrides(doc, overrides));
+        let mut config = config?;
+        config.secret_files = secret_files;
+        if let Some(id) = config.region.group_instance_id() {
+            for conn in config.connections.values_mut().filter(|c| c.consumes()) {
+                let _ = conn
+                    .kafka
+                    .entry("group.instance.id".to_owned())
+                    .or_insert_with(|| id.clone());
+            }
+        }
         for (name, conn) in &mut config.connections {
             conn.normalize(name)?;
         }
@@ -184,9 +217,17 @@ impl Config {
         Ok(config)
     }
 
+    /// The files this configuration read secrets from (`{ file = … }`, `"<property>_file"`),
+    /// such as a mounted Kubernetes Secret's: the daemon reloads when one of them changes.
+    pub fn secret_files(&self) -> &std::collections::BTreeSet<std::path::PathBuf> {
+        &self.secret_files
+    }
+
     /// Cross-field rules that serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_log_level(&self.log.level)?;
+        self.dispatch.validate()?;
+        self.region.validate()?;
         if self.connections.is_empty() {
             return Err(ConfigError::invalid(
                 "connections",
@@ -198,6 +239,17 @@ impl Config {
         }
         let names: Vec<&str> = self.connections.keys().map(String::as_str).collect();
         self.produce.validate(&names)?;
+        let triggers = self
+            .connections
+            .iter()
+            .map(|(c, conn)| {
+                (
+                    c.as_str(),
+                    conn.triggers.keys().map(String::as_str).collect(),
+                )
+            })
+            .collect();
+        self.api.validate(&triggers, self.server.listen)?;
         for (name, conn) in &self.connections {
             if !conn.consumes() && !self.produce.grants_connection(name) {
                 return Err(ConfigError::invalid(
@@ -361,6 +413,10 @@ fn apply_env_override(
     // connections.<name>.kafka.<property>
     if segments.len() == 4 && segments[0] == "connections" && segments[2] == "kafka" {
         segments[3] = segments[3].replace('_', ".");
+    }
+    // region.kafka.<property>
+    if segments.len() == 3 && segments[0] == "region" && segments[1] == "kafka" {
+        segments[2] = segments[2].replace('_', ".");
     }
     // connections.<name>.producer.kafka.<property>
     if segments.len() == 5

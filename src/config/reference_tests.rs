@@ -33,6 +33,13 @@ headers = {{ "x-key" = "k" }}
 token = "0123456789abcdef"
 connections = ["orders"]
 topics = ["out"]
+[api]
+listen = "127.0.0.1:9465"
+[api.tokens.oncall]
+token = "fedcba9876543210"
+access = "act"
+connections = ["orders"]
+triggers = ["fraud"]
 [connections.orders.schema_registry]
 url = "http://registry:8081"
 username = "u"
@@ -45,6 +52,17 @@ transactional_id_prefix = "tx"
 kafka = {{ "linger.ms" = "5" }}
 [connections.orders.triggers.fraud.retry]
 max_attempts = 3
+[region]
+replica_id = "tk-0"
+advertise_url = "http://tk-0:9464"
+peers = ["http://tk-1:9464"]
+[region.kafka]
+"bootstrap.servers" = "region:9092"
+[region.placement]
+group_id = "tessel-region-g"
+topic = "tessel-region-t"
+[region.control]
+topic = "tessel-region-c"
 "#
     )
     .replace(
@@ -122,7 +140,7 @@ fn example_uncommented() -> String {
 
 /// Every key path of `value` (tables included) into `all`, and those of values into
 /// `leaves`; the names of connections, triggers and produce tokens become `<c>`, `<t>` and
-/// `<name>`, and free-form maps (Kafka properties, headers) and secret sources
+/// `<name>` (produce and API tokens), and free-form maps (Kafka properties, headers) and secret sources
 /// (`{ env = … }`, `{ file = … }`) are values.
 fn key_paths(
     value: &toml::Value,
@@ -138,7 +156,7 @@ fn key_paths(
             "<c>"
         } else if path.ends_with(".triggers") {
             "<t>"
-        } else if path == "produce.tokens" {
+        } else if path == "produce.tokens" || path == "api.tokens" {
             "<name>"
         } else {
             k.as_str()

@@ -163,13 +163,18 @@ pub fn redact_url(url: &url::Url) -> String {
 }
 
 /// An error and its sources on one line (`a: b: c`), with every URL in it redacted: reqwest
-/// names the URL, user info and query included.
+/// names the URL, user info and query included. A source whose text the line already holds
+/// (an error that prints its source in its own message, as many wrappers of an OS error do)
+/// is not repeated.
 pub fn redacted_error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
+        let text = c.to_string();
+        if !text.is_empty() && !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         cur = c.source();
     }
     redact_text(&s)
@@ -225,17 +230,56 @@ struct Indirect {
     file: Option<String>,
 }
 
+thread_local! {
+    /// While [`recording_secret_files`] runs on this thread: every file a secret was read from.
+    static SECRET_FILES: std::cell::RefCell<Option<std::collections::BTreeSet<std::path::PathBuf>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` (a deserialization) and returns, beside its result, the files it read secrets from
+/// (`{ file = … }` and `"<property>_file"`): the daemon watches them and reloads when one
+/// changes, as a rotated Kubernetes Secret does.
+pub(crate) fn recording_secret_files<T>(
+    f: impl FnOnce() -> T,
+) -> (T, std::collections::BTreeSet<std::path::PathBuf>) {
+    struct Stop;
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = SECRET_FILES.with(|s| s.borrow_mut().take());
+        }
+    }
+    SECRET_FILES.with(|s| *s.borrow_mut() = Some(std::collections::BTreeSet::new()));
+    let stop = Stop;
+    let out = f();
+    let files = SECRET_FILES
+        .with(|s| s.borrow_mut().take())
+        .unwrap_or_default();
+    drop(stop);
+    (out, files)
+}
+
 impl Indirect {
     fn resolve(self) -> Result<String, String> {
         match (self.env, self.file) {
             (Some(var), None) => {
                 std::env::var(&var).map_err(|_| format!("environment variable {var} is not set"))
             }
-            (None, Some(path)) => std::fs::read_to_string(&path)
-                .map(|s| s.trim_end_matches(['\r', '\n']).to_owned())
-                .map_err(|e| format!("cannot read secret file {path}: {e}")),
+            (None, Some(path)) => {
+                SECRET_FILES.with(|s| {
+                    if let Some(files) = s.borrow_mut().as_mut() {
+                        let _ = files.insert(std::path::PathBuf::from(&path));
+                    }
+                });
+                Self::read_file(&path)
+            }
             _ => Err("a secret is a string, { env = \"VAR\" } or { file = \"PATH\" }".to_owned()),
         }
+    }
+
+    fn read_file(path: &str) -> Result<String, String> {
+        std::fs::read_to_string(path)
+            .map(|s| s.trim_end_matches(['\r', '\n']).to_owned())
+            .map_err(|e| format!("cannot read secret file {path}: {e}"))
     }
 }
 
@@ -368,6 +412,32 @@ mod redaction_tests {
         );
         let plain = url::Url::parse("https://host/runs?page=2").unwrap();
         assert_eq!(redact_url(&plain), "https://host/runs?page=2");
+    }
+
+    /// An error that prints its source in its own message (thiserror's `{source}`) is not
+    /// followed by the same source again; sources it does not print are.
+    #[test]
+    fn an_error_chain_names_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot read offsets file x: {source}")]
+        struct Prints {
+            source: std::io::Error,
+        }
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot start")]
+        struct Wraps(#[source] Prints);
+        let os = || std::io::Error::from_raw_os_error(2);
+        let chain = redacted_error_chain(&Wraps(Prints { source: os() }));
+        assert_eq!(chain.matches(&os().to_string()).count(), 1, "{chain}");
+        assert!(
+            chain.starts_with("cannot start: cannot read offsets file x: "),
+            "{chain}"
+        );
+        // A config file that cannot be read, as `Config::load` reports it.
+        let read =
+            crate::config::Config::load(std::path::Path::new("/nonexistent/tk.toml")).unwrap_err();
+        let chain = redacted_error_chain(&read);
+        assert_eq!(chain.matches("(os error 2)").count(), 1, "{chain}");
     }
 
     #[test]

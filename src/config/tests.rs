@@ -160,6 +160,40 @@ fn kubernetes_example_config_is_valid() {
     assert_eq!(c.connections["orders"].group_id(), "tessel-orders");
 }
 
+/// Every file a secret came from is known to the daemon (which watches them), whichever way
+/// it was named: `{ file = … }`, `"<property>_file"` or `.file` from the environment.
+#[test]
+fn the_files_secrets_were_read_from_are_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (password, token) = (dir.path().join("kafka-password"), dir.path().join("token"));
+    std::fs::write(&password, "p\n").unwrap();
+    std::fs::write(&token, "t").unwrap();
+    let text = MINIMAL
+        .replace(
+            "\"sasl.password\" = \"hunter2\"",
+            &format!("\"sasl.password_file\" = \"{}\"", password.display()),
+        )
+        .replace(
+            "dispatcher = { url = \"http://127.0.0.1:8080/runs\" }",
+            &format!(
+                "dispatcher = {{ url = \"http://127.0.0.1:8080/runs\", token = {{ file = \"{}\" }} }}",
+                token.display()
+            ),
+        );
+    let c = load(&text).unwrap();
+    assert_eq!(
+        c.secret_files().iter().collect::<Vec<_>>(),
+        [&password, &token]
+    );
+    assert!(load(MINIMAL).unwrap().secret_files().is_empty());
+    let env = vec![(
+        "TESSEL_KAFKA__CONNECTIONS__ORDERS__KAFKA__SSL_KEY_PASSWORD_FILE".to_owned(),
+        token.display().to_string(),
+    )];
+    let c = Config::from_toml_with_env(MINIMAL, env).unwrap();
+    assert_eq!(c.secret_files().iter().collect::<Vec<_>>(), [&token]);
+}
+
 #[test]
 fn property_file_keys_read_secrets_from_files() {
     let dir = tempfile::tempdir().unwrap();
@@ -575,3 +609,63 @@ fn dispatcher_tls_and_proxy_settings_are_checked_with_exact_errors() {
 
 #[path = "reference_tests.rs"]
 mod reference;
+
+/// `region.static_membership`: every consuming connection, those added later included, joins
+/// with `<region>-<replica>` as its group.instance.id, without being named; one that sets its
+/// own keeps it. From the environment, as the Helm chart sets it.
+#[test]
+fn static_membership_gives_every_consuming_connection_the_replicas_instance_id() {
+    let two = format!(
+        "{MINIMAL}{}",
+        MINIMAL
+            .replace("connections.orders", "connections.cdc-users")
+            .replace(
+                "\"group.id\" = \"tessel-orders\"",
+                "\"group.id\" = \"cdc\"\n\"group.instance.id\" = \"own\""
+            )
+    );
+    let env = |on: &str| {
+        vec![
+            (
+                "TESSEL_KAFKA__REGION__NAME".to_owned(),
+                "eu-west-1".to_owned(),
+            ),
+            (
+                "TESSEL_KAFKA__REGION__REPLICA_ID".to_owned(),
+                "tessel-kafka-2".to_owned(),
+            ),
+            (
+                "TESSEL_KAFKA__REGION__STATIC_MEMBERSHIP".to_owned(),
+                on.to_owned(),
+            ),
+        ]
+    };
+    let c = Config::from_toml_with_env(&two, env("true")).unwrap();
+    assert_eq!(
+        c.connections["orders"]
+            .kafka
+            .get("group.instance.id")
+            .map(String::as_str),
+        Some("eu-west-1-tessel-kafka-2")
+    );
+    assert_eq!(
+        c.connections["cdc-users"]
+            .kafka
+            .get("group.instance.id")
+            .map(String::as_str),
+        Some("own")
+    );
+    let off = Config::from_toml_with_env(&two, env("false")).unwrap();
+    assert!(!off.connections["orders"]
+        .kafka
+        .contains_key("group.instance.id"));
+    // The drain must fit the session of a static member: the usual check applies.
+    let long_drain = two.replace(
+        "[connections.orders.kafka]",
+        "[connections.orders]\ndrain_timeout_ms = 50000\n[connections.orders.kafka]",
+    );
+    let err = Config::from_toml_with_env(&long_drain, env("true"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("session.timeout.ms"), "{err}");
+}

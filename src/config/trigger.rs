@@ -325,14 +325,16 @@ fn default_max_retry_after_ms() -> u64 {
     300_000
 }
 /// The most runs a trigger may have in flight. A partition whose gap is full stops starting
-/// runs, but those in flight still finish above the gap; with at most this many, every offset
-/// handled above it fits the commit metadata the next owner reads back (twice the gap bound,
-/// `core::offsets::MAX_METADATA_OFFSETS`), so an orderly handover repeats nothing.
+/// runs, but those in flight still finish above the gap: with at most this many, the records
+/// it tracks above a parked key stay within twice the gap bound
+/// (`core::offsets::MAX_TRACKED_ABOVE`); the commit metadata's start gate keeps room for
+/// every run in flight, so an orderly handover repeats nothing.
 pub const MAX_CONCURRENCY: usize = 10_000;
 
 /// The most records in one batch. A batch trigger's partition has one batch in flight, and a
 /// batch that fails in part leaves its other records handled above the gap: like
-/// [`MAX_CONCURRENCY`] runs, they must fit the commit metadata the next owner reads back.
+/// [`MAX_CONCURRENCY`] runs, they are bounded by the gap bound (and a batch shrinks to the
+/// record at the gap when the commit metadata might not hold its others).
 pub const MAX_BATCH_RECORDS: usize = MAX_CONCURRENCY;
 
 fn default_concurrency() -> usize {
@@ -502,10 +504,13 @@ impl TriggerConfig {
             .any(|t| regex::Regex::new(t).is_ok_and(|r| r.is_match(topic)))
     }
 
-    /// Whether the trigger writes records to its dead-letter topic (`on_error` or
-    /// `on_expired` is `dead_letter`).
+    /// Whether the trigger writes records to its dead-letter topic: it has one (`on_error`
+    /// or `on_expired` is `dead_letter`, or an operator's skip writes there; validation
+    /// requires the topic with either policy).
     pub fn dead_letters(&self) -> bool {
-        self.on_error == ErrorPolicy::DeadLetter || self.on_expired == ExpiredPolicy::DeadLetter
+        self.dead_letter_topic.is_some()
+            || self.on_error == ErrorPolicy::DeadLetter
+            || self.on_expired == ExpiredPolicy::DeadLetter
     }
 
     pub(super) fn needs_registry(&self) -> bool {

@@ -1,9 +1,8 @@
 //! The consumer calls of the commit rule ([`crate::core::committer`] decides, this sends): the
-//! connection's ops task, which commits batches synchronously one request at a time off
-//! the runtime's workers and reports the broker's verdict (and applies pauses and resumes, in the same
-//! order as the supervisor decided them), and the final synchronous commit of a revoke or
-//! shutdown, which goes out only once the task's request was answered (rule 6 of the
-//! commit rule: one path).
+//! connection's commit task, which commits batches synchronously one request at a time off
+//! the runtime's workers and reports the broker's verdict, and the final synchronous commit
+//! of a revoke or shutdown, which goes out only once the task's request was answered (rule 6
+//! of the commit rule: one path).
 
 use std::sync::Arc;
 
@@ -11,11 +10,11 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use crate::consumer::context::ConnectorContext;
-use crate::consumer::poll_loop::{apply_flow, FlowOp};
 use crate::core::committer::CommitResult;
 use crate::dispatch::event::TopicPartition;
 use crate::telemetry::metrics;
@@ -24,34 +23,37 @@ type Consumer_ = BaseConsumer<ConnectorContext>;
 
 pub(super) use crate::core::CommitBatch;
 
-/// What the ops task does, in the order it was asked.
-pub(crate) enum Op {
-    /// Commit a batch and answer with the broker's verdict.
-    Commit(CommitBatch),
-    /// Pause or resume partitions.
-    Flow(FlowOp),
-}
-
-/// Starts the connection's ops task: it commits each batch synchronously (one request at a
-/// time, on the blocking pool) and answers with the broker's verdict per partition, which an
-/// asynchronous manual commit never reports (see [`crate::core::committer`]); and it applies
-/// pauses and resumes (see [`apply_flow`]). One task for both, in the order asked: a pause
-/// or resume waits at most for the commit request before it (a round trip), which a
-/// partition's half-full buffer covers. It holds no thread while it waits, and ends when the
-/// sender is dropped.
+/// Starts the connection's commit task: it commits each batch synchronously (one request at
+/// a time, on the blocking pool) and answers with the broker's verdict per partition, which
+/// an asynchronous manual commit never reports (see [`crate::core::committer`]). It holds no
+/// thread while it waits, and ends when the sender is dropped. (Pauses, resumes and seeks
+/// are the poll thread's, between two polls: see [`crate::consumer::poll_loop::FlowQueue`].)
 pub(crate) fn spawn(
     connection: &str,
     consumer: Arc<Consumer_>,
     answers: mpsc::UnboundedSender<Vec<CommitResult>>,
-) -> (mpsc::UnboundedSender<Op>, tokio::task::JoinHandle<()>) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Op>();
+) -> (
+    mpsc::UnboundedSender<CommitBatch>,
+    tokio::task::JoinHandle<Option<String>>,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<CommitBatch>();
     let name: Arc<str> = Arc::from(connection);
     let handle = tokio::spawn(async move {
-        while let Some(op) = rx.recv().await {
+        while let Some(batch) = rx.recv().await {
             let (c, name) = (Arc::clone(&consumer), Arc::clone(&name));
-            let done = tokio::task::spawn_blocking(move || apply(&name, &c, op)).await;
-            let Ok(Some(results)) = done else {
-                continue;
+            let done = tokio::task::spawn_blocking(move || apply(&name, &c, batch)).await;
+            let results = match done {
+                Ok(results) => results,
+                // A request whose answer is lost would hold the connection's commits for
+                // good: the task ends, and the supervisor restarts the connection.
+                Err(e) => {
+                    let reason = if e.is_panic() {
+                        crate::consumer::setup::panic_message(&*e.into_panic())
+                    } else {
+                        e.to_string()
+                    };
+                    return Some(reason);
+                }
             };
             if answers.send(results).is_err() {
                 break;
@@ -59,45 +61,71 @@ pub(crate) fn spawn(
         }
         // The consumer's last reference may be this one: it closes off the runtime.
         let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+        None
     });
     (tx, handle)
 }
 
-/// Carries out `op`; a commit's verdict, to answer with.
-fn apply(name: &str, consumer: &Consumer_, op: Op) -> Option<Vec<CommitResult>> {
-    let batch = match op {
-        Op::Commit(batch) => batch,
-        Op::Flow(op) => {
-            apply_flow(name, consumer, op);
-            return None;
-        }
-    };
+/// Commits `batch`; the broker's verdict, to answer with.
+fn apply(name: &str, consumer: &Consumer_, batch: CommitBatch) -> Vec<CommitResult> {
     let tpl = tpl_of(&batch);
-    let refused = match consumer.commit(&tpl, CommitMode::Sync) {
-        Ok(())
-        | Err(rdkafka::error::KafkaError::ConsumerCommit(
-            rdkafka::types::RDKafkaErrorCode::NoOffset,
-        )) => None,
-        Err(e) => Some(e.to_string()),
-    };
-    metrics::commit(name, refused.is_none());
-    if let Some(reason) = &refused {
-        tracing::debug!(connection = %name, error = %reason, "offset commit refused");
+    let (request, partitions) = super::native::commit_with_results(consumer.client(), &tpl);
+    let results = results(batch, request, &partitions);
+    let refused = results.iter().filter(|r| r.refused.is_some()).count();
+    metrics::commit(name, refused == 0);
+    if refused > 0 {
+        tracing::debug!(connection = %name, refused, of = results.len(), error = ?request, "offset commit refused");
     }
-    Some(results(batch, refused))
+    results
 }
 
-/// The verdict on every commit of `batch`: one request, one answer.
-fn results(batch: CommitBatch, refused: Option<String>) -> Vec<CommitResult> {
+/// The verdict on each commit of `batch`, partition by partition: the broker stores or
+/// refuses each partition of a request on its own (a deleted topic, a missing topic
+/// permission, metadata over `offset.metadata.max.bytes` refuse only theirs). A partition the
+/// answer does not name carries the request's error. "No offset" (nothing to commit) is no
+/// refusal.
+fn results(
+    batch: CommitBatch,
+    request: Option<RDKafkaErrorCode>,
+    partitions: &[(TopicPartition, Option<RDKafkaErrorCode>)],
+) -> Vec<CommitResult> {
+    let refusal = |code: Option<RDKafkaErrorCode>| {
+        code.filter(|c| *c != RDKafkaErrorCode::NoOffset)
+            .map(|c| KafkaError::ConsumerCommit(c).to_string())
+    };
     batch
         .into_iter()
-        .map(|(tp, offset, metadata)| CommitResult {
-            tp,
-            offset,
-            metadata,
-            refused: refused.clone(),
+        .map(|(tp, offset, metadata)| {
+            let own = partitions
+                .iter()
+                .find(|(t, _)| *t == tp)
+                .map_or(request, |(_, code)| *code);
+            CommitResult {
+                tp,
+                offset,
+                metadata,
+                refused: refusal(own),
+                partition_only: own.is_some_and(partition_only),
+            }
         })
         .collect()
+}
+
+/// Whether the broker refused a partition's commit for a reason of that partition alone,
+/// rather than for the member's standing in the group (a rebalance, an unknown or fenced
+/// member, a moving coordinator), which every partition of the request shares.
+fn partition_only(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::UnknownTopicOrPartition
+            | C::UnknownTopicId
+            | C::TopicAuthorizationFailed
+            | C::OffsetMetadataTooLarge
+            | C::InvalidCommitOffsetSize
+            | C::InvalidTopic
+            | C::UnstableOffsetCommit
+    )
 }
 
 /// The request of `batch`.

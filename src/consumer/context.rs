@@ -56,6 +56,11 @@ pub struct ConnectorContext {
     start_at_end: bool,
     /// Rebalances seen (assignments and revocations): the poll task stays active after one.
     rebalances: AtomicU64,
+    /// librdkafka reset a position or found a topic missing: the assigned topics' ids are
+    /// read again soon (a topic deleted and created again changes only its id).
+    identity_check: AtomicBool,
+    /// The cluster left a request for topic ids unanswered: assignments do not wait for ids.
+    ids_unanswered: AtomicBool,
 }
 
 impl ConnectorContext {
@@ -77,6 +82,23 @@ impl ConnectorContext {
             assigned: Mutex::new(HashMap::new()),
             start_at_end: false,
             rebalances: AtomicU64::new(0),
+            identity_check: AtomicBool::new(false),
+            ids_unanswered: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether librdkafka said something since the last call that may mean a topic was
+    /// deleted and created again (an offset reset, an unknown topic or partition).
+    pub(crate) fn take_identity_check(&self) -> bool {
+        // Read first: the poll task asks once per message.
+        self.identity_check.load(Ordering::Relaxed)
+            && self.identity_check.swap(false, Ordering::SeqCst)
+    }
+
+    /// Notes what librdkafka said if it may mean a topic changed identity.
+    fn note_identity_hint(&self, fac: &str, message: &str) {
+        if is_identity_hint(fac, message) {
+            self.identity_check.store(true, Ordering::SeqCst);
         }
     }
 
@@ -174,6 +196,20 @@ impl ConnectorContext {
     }
 }
 
+/// Whether a line librdkafka logged may mean that a topic was deleted or created again: a
+/// topic that changed id (not its first id), went missing, or a position reset for another
+/// reason than having no commit to start from.
+fn is_identity_hint(fac: &str, message: &str) -> bool {
+    const ZERO_ID: &str = "AAAAAAAAAAAAAAAAAAAAAA";
+    (message.contains("changed id from") && !message.contains(&format!("from {ZERO_ID}")))
+        || message.contains("nknown topic")
+        || message.contains("UNKNOWN_TOPIC")
+        || message.contains("does not exist")
+        || (fac == "OFFSET"
+            && message.contains("offset reset")
+            && !message.contains("No offset stored"))
+}
+
 /// A partition's end: the statistics' last stable offset, or the one queried for a paused
 /// partition when that is further; negative while unknown.
 fn end_offset(ls_offset: i64, queried_end: Option<i64>) -> i64 {
@@ -197,6 +233,48 @@ pub(crate) fn partitions_of(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
         .collect()
 }
 
+/// How long an assignment waits for its topics' ids. A cluster that does not answer (seen:
+/// librdkafka's mock cluster) is not asked again at later assignments: their records' keys
+/// name the topic alone.
+const TOPIC_IDS_TIMEOUT: Duration = Duration::from_secs(3);
+
+impl ConnectorContext {
+    /// The ids of the topics of `tpl` (none where the cluster has no ids or they could not
+    /// be read: the records' idempotency keys then name the topic alone).
+    fn topic_ids(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        tpl: &TopicPartitionList,
+    ) -> HashMap<String, Option<Arc<str>>> {
+        if self.ids_unanswered.load(Ordering::SeqCst) {
+            return HashMap::new();
+        }
+        let mut topics: Vec<String> = tpl
+            .elements()
+            .iter()
+            .map(|e| e.topic().to_owned())
+            .collect();
+        topics.sort();
+        topics.dedup();
+        match super::native::topic_ids(consumer.client(), &topics, TOPIC_IDS_TIMEOUT) {
+            Ok(ids) => ids
+                .into_iter()
+                .map(|(t, id)| (t, id.map(Arc::from)))
+                .collect(),
+            Err(e) => {
+                if matches!(
+                    e,
+                    KafkaError::AdminOp(rdkafka::types::RDKafkaErrorCode::OperationTimedOut)
+                ) {
+                    self.ids_unanswered.store(true, Ordering::SeqCst);
+                }
+                tracing::warn!(connection = %self.client.connection(), error = %e, "cannot read the assigned topics' ids; a topic deleted and created again is noticed only when its position moves back");
+                HashMap::new()
+            }
+        }
+    }
+}
+
 impl ClientContext for ConnectorContext {
     const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
 
@@ -208,6 +286,7 @@ impl ClientContext for ConnectorContext {
     }
 
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.note_identity_hint(fac, log_message);
         self.client.log(level, fac, log_message);
     }
 
@@ -265,6 +344,7 @@ impl ClientContext for ConnectorContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        self.note_identity_hint("", reason);
         self.note_error(&error, reason);
         tracing::warn!(target: "librdkafka", connection = %self.client.connection(), error = %error, "kafka client error: {reason}");
     }
@@ -308,21 +388,33 @@ impl ConsumerContext for ConnectorContext {
                 if let Err(e) = &committed {
                     tracing::warn!(connection = %self.client.connection(), error = %e, "cannot read committed offsets; runs accepted above a gap may be offered again");
                 }
+                let ids = self.topic_ids(consumer, tpl);
                 let partitions = partitions_of(tpl)
                     .into_iter()
                     .map(|tp| {
                         let elem = committed
                             .as_ref()
                             .ok()
-                            .and_then(|c| c.find_partition(&tp.topic, tp.partition));
+                            .and_then(|c| Some((c, c.find_partition(&tp.topic, tp.partition)?)));
                         let (committed, metadata) = match elem {
-                            Some(e) => match e.offset() {
-                                rdkafka::Offset::Offset(o) => (Some(o), e.metadata().to_owned()),
+                            Some((list, e)) => match e.offset() {
+                                // Metadata is whatever a client of the group wrote: text
+                                // that is not UTF-8 is foreign to us, and ignored.
+                                rdkafka::Offset::Offset(o) => (
+                                    Some(o),
+                                    String::from_utf8(super::native::metadata_bytes(
+                                        list,
+                                        &tp.topic,
+                                        tp.partition,
+                                    ))
+                                    .unwrap_or_default(),
+                                ),
                                 _ => (None, String::new()),
                             },
                             None => (None, String::new()),
                         };
                         AssignedPartition {
+                            topic_id: ids.get(&tp.topic).cloned().flatten(),
                             tp,
                             committed,
                             metadata,
@@ -344,6 +436,26 @@ impl ConsumerContext for ConnectorContext {
 #[cfg(test)]
 mod tests {
     use super::{end_offset, lag};
+
+    #[test]
+    fn librdkafka_lines_that_may_mean_a_topic_was_created_again_are_hints() {
+        use super::is_identity_hint;
+        for (fac, line) in [
+            ("METADATA", "Topic t changed id from Yvd90AUCS9WMdDuObAm7bQ to 6wRncditQ1qoX1Y7jQNsaA"),
+            ("BROKERUA", "t [0]: broker unavailable: fetch: Broker: Unknown topic or partition"),
+            ("TOPICPROP", "Topic t does not exist, allowing 22064ms for metadata propagation"),
+            ("OFFSET", "t [0]: offset reset (at offset 1000 (leader epoch 0), broker 1) to offset BEGINNING (leader epoch -1): fetch failed due to requested offset not available on the broker"),
+        ] {
+            assert!(is_identity_hint(fac, line), "{line}");
+        }
+        for (fac, line) in [
+            ("METADATA", "Topic t changed id from AAAAAAAAAAAAAAAAAAAAAA to Yvd90AUCS9WMdDuObAm7bQ"),
+            ("OFFSET", "t [0]: offset reset (at offset INVALID (leader epoch -1), broker -1) to offset BEGINNING (leader epoch -1): no previously committed offset available: Local: No offset stored"),
+            ("METADATA", "Topic t [0] Leader 1 Epoch 0"),
+        ] {
+            assert!(!is_identity_hint(fac, line), "{line}");
+        }
+    }
 
     #[test]
     fn the_end_is_the_further_of_statistics_and_query() {

@@ -12,12 +12,15 @@
 //! # Threads
 //! One OS thread per connection polls librdkafka ([`poll_loop`]); callbacks only hand events
 //! to the async [`supervisor`], which feeds the core and carries out its commands: runs
-//! ([`crate::run`]), commits, pauses and resumes (its ops task, in order).
+//! ([`crate::run`]), commits (its commit task), pauses, resumes and seeks (the poll thread,
+//! before its next poll, in order).
 //! A connection without triggers runs none of this, only [`crate::produce::produce_only`]'s health probe.
 
 mod commit_thread;
 pub mod context;
+mod identity;
 mod monitor;
+mod native;
 mod poll_loop;
 mod queue_wake;
 mod setup;
@@ -57,9 +60,25 @@ pub enum ConsumerEvent {
     },
     /// An error returned by poll.
     Error(KafkaError),
+    /// librdkafka said something that may mean a topic was deleted or created again, before
+    /// the messages after this event: the partitions run and commit nothing until their
+    /// topics' ids are read again.
+    IdentityHint,
 }
 
 pub use crate::core::AssignedPartition;
+pub(crate) use setup::panic_message;
+
+/// The ids (KIP-516) of `topics` through `client`'s connections: None for a topic the cluster
+/// gives no id, a topic that does not exist left out. Records' idempotency keys name a topic
+/// with its id ([`crate::dispatch::event::key_topic`]); tools and tests read it here.
+pub fn topic_ids<C: rdkafka::client::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topics: &[String],
+    timeout: std::time::Duration,
+) -> Result<std::collections::BTreeMap<String, Option<String>>, KafkaError> {
+    native::topic_ids(client, topics, timeout)
+}
 
 /// Properties the connector sets when the user did not, with the reason.
 const DEFAULTS: &[(&str, &str)] = &[
@@ -67,8 +86,11 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("auto.offset.reset", "earliest"),
     // Bound librdkafka's prefetch (it applies per partition) so memory stays flat with many
     // partitions: measured with 64 partitions and a 1,000,000-message backlog, the defaults
-    // (65536 KB, 100000 messages) let the daemon reach 270 MiB, these keep it near 130 MiB.
-    ("queued.max.messages.kbytes", "2048"),
+    // (65536 KB, 100000 messages) let the daemon reach 270 MiB, 2048 KB 194-213 MiB and 512 KB
+    // 174-178 MiB. For small messages `queued.min.messages` is what holds a fetch back (the
+    // fetcher's debug lines say so), so 512 KB costs a drain nothing; messages of more than
+    // 5 KB are fetched fewer than 100 at a time.
+    ("queued.max.messages.kbytes", "512"),
     ("queued.min.messages", "100"),
     // With a partition's queue above those thresholds, librdkafka postpones its next fetch by
     // fetch.queue.backoff.ms (1000 by default), and then lets the queue run dry before it
@@ -106,6 +128,18 @@ pub fn consumer_config(name: &str, conn: &ConnectionConfig) -> ClientConfig {
         .set("enable.auto.offset.store", "false")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed");
-    cfg.set_log_level(RDKafkaLogLevel::Info);
+    // librdkafka says that a topic changed id (deleted and created again under the same
+    // name) or went missing only in debug lines of its `topic` context; without them the
+    // connector notices a new topic at its next periodic check, 30 s later, while the
+    // consumer reads the new log at the old position. The context's lines are few (a
+    // metadata refresh's, a topic's state changes): they are read for those hints and logged
+    // at debug level (see crate::consumer::identity).
+    let debug = match conn.kafka.get("debug").map(String::as_str) {
+        None | Some("") => "topic".to_owned(),
+        Some(d) if d.split(',').any(|c| matches!(c.trim(), "topic" | "all")) => d.to_owned(),
+        Some(d) => format!("{d},topic"),
+    };
+    let _ = cfg.set("debug", debug);
+    cfg.set_log_level(RDKafkaLogLevel::Debug);
     cfg
 }

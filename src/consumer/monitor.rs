@@ -23,7 +23,7 @@ use rdkafka::message::Message as _;
 use crate::admin::health::{ConnectionHealth, HealthRegistry};
 use crate::codec::registry::RegistryClient;
 use crate::config::ConnectionConfig;
-use crate::core::partitions::{Arrival, PartitionId, PartitionSet};
+use crate::core::partitions::{Arrival, PartitionId, PartitionSet, PauseReason};
 use crate::core::shell::Shell;
 use crate::dispatch::event::TopicPartition;
 use crate::run::spawn::KafkaShell;
@@ -109,11 +109,18 @@ pub(super) struct StallFacts {
     pub recent_failure: Option<String>,
     /// The partition's commit offset.
     pub commit_offset: Option<i64>,
-    /// The partition is paused.
-    pub paused: bool,
+    /// The partition is paused, and why.
+    pub paused: Option<PauseReason>,
+    /// Bytes of its waiting messages.
+    pub buffered_bytes: usize,
     /// The offsets handled above the commit offset reached their bound: the partition is
     /// paused until the record at the commit offset is handled.
     pub gap_full: bool,
+    /// Its runs and commits wait until its topic's id is read again (librdkafka hinted that
+    /// the topic was deleted or created again, or its position moved back).
+    pub awaiting_topic_id: bool,
+    /// New runs wait: the broker refuses its commits (its own, or the connection's).
+    pub commits_refused: bool,
 }
 
 /// How long a partition may go without progress before it counts as stalled: `stall_after`,
@@ -130,6 +137,20 @@ pub(super) fn stall_reason(f: &StallFacts, after: Duration) -> Option<String> {
     }
     Some(if f.trigger_stopped {
         "trigger stopped by a configuration error".to_owned()
+    } else if f.awaiting_topic_id {
+        "holding its runs and commits until its topic's id is read: the topic may have been \
+         deleted or created again (the topic cannot be described, or is gone)"
+            .to_owned()
+    } else if f.commits_refused {
+        match f.commit_offset {
+            Some(o) => format!(
+                "new runs wait: the broker refuses the commit of offset {o} (see the \
+                 commit errors in the log)"
+            ),
+            None => "new runs wait: the broker refuses its commits (see the commit errors in \
+                     the log)"
+                .to_owned(),
+        }
     } else if let Some(failure) = &f.recent_failure {
         match f.commit_offset {
             Some(o) => format!("key parked at offset {o}: a message is being retried ({failure})"),
@@ -143,7 +164,20 @@ pub(super) fn stall_reason(f: &StallFacts, after: Duration) -> Option<String> {
             ),
             None => format!("paused at the gap bound: {bound} records handled above a gap"),
         }
-    } else if f.paused {
+    } else if f.paused == Some(PauseReason::Metadata) {
+        match f.commit_offset {
+            Some(o) => format!(
+                "paused at the commit metadata's budget: the records handled above offset {o} \
+                 fill commit_metadata_max_bytes; only the record at {o} runs"
+            ),
+            None => "paused at the commit metadata's budget (commit_metadata_max_bytes)".to_owned(),
+        }
+    } else if f.paused == Some(PauseReason::Budget) {
+        format!(
+            "paused: the connection's byte budget (max_buffered_bytes) is full and this partition holds {} bytes of it",
+            f.buffered_bytes
+        )
+    } else if f.paused.is_some() {
         "paused: the partition's buffer is full".to_owned()
     } else {
         "waiting for runs in flight".to_owned()
@@ -245,9 +279,11 @@ impl Monitor {
         };
         let after = Duration::from_millis(config.stall_after_ms);
         let now = Instant::now();
+        let holding = partitions.holding();
         for p in partitions.iter_mut() {
             let backlog = p.backlog();
-            if backlog == 0 {
+            // A trigger an operator paused is not stalled: it waits as asked.
+            if backlog == 0 || p.trigger.runtime.control.paused() {
                 p.last_progress = now;
             }
             let without_progress = now.saturating_duration_since(p.last_progress);
@@ -264,7 +300,10 @@ impl Monitor {
                             recent_failure: trigger.recent_failure(after),
                             commit_offset: p.tracker.commit_offset(),
                             paused: p.paused,
+                            buffered_bytes: p.buffered_bytes(),
                             gap_full: p.tracker.gap_full(),
+                            awaiting_topic_id: p.unverified.is_some(),
+                            commits_refused: holding || p.commit_refused(),
                         },
                         after,
                     )
@@ -297,6 +336,11 @@ impl Monitor {
             if t.stopped.load(Ordering::SeqCst) {
                 let reason = t.recent_failure(Duration::MAX).unwrap_or_default();
                 let _ = health.stopped_triggers.insert(t.name.clone(), reason);
+            }
+            health.parked_keys += t.control.parked_count();
+            if t.control.paused() {
+                let reason = t.control.target().reason.unwrap_or_default();
+                let _ = health.paused_triggers.insert(t.name.clone(), reason);
             }
         }
         metrics::stalled(&self.name, health.stalled_partitions.len());
@@ -369,9 +413,10 @@ impl Monitor {
             return;
         }
         self.last_paused_end_probe = Some(Instant::now());
+        // An operator's pause stops the fetch too (its trigger's partitions).
         let paused: Vec<TopicPartition> = partitions
             .iter()
-            .filter(|p| p.paused)
+            .filter(|p| p.paused.is_some() || p.trigger.runtime.control.paused())
             .map(|p| p.tp.clone())
             .collect();
         if paused.is_empty() && !self.paused_ends_reported {
@@ -456,14 +501,25 @@ impl LagSeconds {
     }
 }
 
+/// A partition whose position moved back: where it was expected to go on, and the offset it
+/// went on from.
+#[derive(Debug)]
+pub(super) struct MovedBack {
+    pub tp: TopicPartition,
+    pub expected: i64,
+    pub offset: i64,
+}
+
 /// Hands `batch` to the core: counted per run of messages of one topic (not per message),
-/// each queued record's timestamp noted for the lag in seconds, the others logged.
+/// each queued record's timestamp noted for the lag in seconds, the others logged. Returns
+/// the partitions whose position moved back.
 pub(super) fn intake(
     connection: &str,
     core: &mut crate::core::Core<KafkaShell>,
     lag: &mut LagSeconds,
     batch: Vec<rdkafka::message::OwnedMessage>,
-) {
+) -> Vec<MovedBack> {
+    let mut moved = Vec::new();
     let mut run: Option<(String, u64)> = None;
     for msg in batch {
         match &mut run {
@@ -477,12 +533,27 @@ pub(super) fn intake(
         let (offset, timestamp) = (msg.offset(), msg.timestamp().to_millis());
         match core.on_message(msg) {
             Arrival::Queued(id) => lag.queued(core.partitions(), id, offset, timestamp),
+            Arrival::MovedBack {
+                id,
+                expected,
+                offset,
+            } => {
+                lag.queued(core.partitions(), id, offset, timestamp);
+                if let Some(p) = core.partitions().get(id) {
+                    moved.push(MovedBack {
+                        tp: p.tp.clone(),
+                        expected,
+                        offset,
+                    });
+                }
+            }
             arrival => log_arrival(connection, core.partitions(), &arrival, offset),
         }
     }
     if let Some((topic, n)) = run {
         metrics::consumed(connection, &topic, n);
     }
+    moved
 }
 
 /// Logs a message that was not queued.
@@ -500,11 +571,7 @@ fn log_arrival(
                 tracing::debug!(connection, topic = %p.tp.topic, partition = p.tp.partition, offset, "handled already; not dispatched again");
             }
         }
-        Arrival::AlreadyReceived(id) => {
-            if let Some(p) = partitions.get(*id) {
-                tracing::debug!(connection, topic = %p.tp.topic, partition = p.tp.partition, offset, "delivered again while waiting or in flight; not dispatched twice");
-            }
-        }
+        Arrival::MovedBack { .. } => {}
         Arrival::NotAssigned(msg) => {
             tracing::warn!(
                 connection,
@@ -520,6 +587,23 @@ fn log_arrival(
 /// Logs a change of the hold on new runs (rule 4 of the commit rule).
 pub(super) fn log_hold(connection: &str, change: &crate::core::HoldChange) {
     let expired = change.expired;
+    if let Some(tp) = &change.partition {
+        let (topic, partition) = (tp.topic.as_str(), tp.partition);
+        let reason = change.reason.as_deref().unwrap_or_default();
+        match (change.holding, expired) {
+            (true, _) => tracing::warn!(connection, topic, partition, error = %reason,
+                "the broker refuses this partition's offset commits: its new runs wait, the other partitions go on"),
+            (false, true) => tracing::warn!(connection, topic, partition, error = %reason,
+                "this partition's offset commits refused for too long: dispatching again; a crash now may offer accepted runs again"),
+            (false, false) => tracing::info!(
+                connection,
+                topic,
+                partition,
+                "this partition's offset commits accepted again: its new runs start"
+            ),
+        }
+        return;
+    }
     match (change.holding, change.reason.as_deref()) {
         (true, Some(reason)) => tracing::warn!(connection, error = %reason,
             "the broker refuses offset commits (a rebalance in progress?): new runs wait, refused commits are sent again"),
@@ -563,6 +647,7 @@ mod tests {
                 per_partition: 10,
                 max_bytes: 1000,
                 max_tracked_above: 10,
+                metadata_max_chars: 4096,
             },
         ));
         assert_eq!(clock.due(), t0 + STALL_CHECK * 2);
@@ -606,6 +691,55 @@ mod tests {
     }
 
     #[test]
+    fn a_partition_waiting_for_its_topic_id_or_a_refused_commit_says_so() {
+        let base = StallFacts {
+            backlog: 3,
+            without_progress: AFTER,
+            commit_offset: Some(41),
+            paused: Some(PauseReason::Budget),
+            ..StallFacts::default()
+        };
+        let unverified = StallFacts {
+            awaiting_topic_id: true,
+            commits_refused: true,
+            ..base.clone()
+        };
+        assert!(stalled(unverified)
+            .unwrap()
+            .starts_with("holding its runs and commits until its topic's id is read"));
+        let refused = StallFacts {
+            commits_refused: true,
+            ..base.clone()
+        };
+        assert_eq!(
+            stalled(refused).unwrap(),
+            "new runs wait: the broker refuses the commit of offset 41 (see the commit errors in the log)"
+        );
+        let refused_none = StallFacts {
+            commits_refused: true,
+            commit_offset: None,
+            ..base.clone()
+        };
+        assert!(stalled(refused_none)
+            .unwrap()
+            .starts_with("new runs wait: the broker refuses its commits"));
+        // A trigger stopped by its configuration says that first; without either, the
+        // budget's reason as before.
+        let stopped = StallFacts {
+            trigger_stopped: true,
+            awaiting_topic_id: true,
+            ..base.clone()
+        };
+        assert_eq!(
+            stalled(stopped).unwrap(),
+            "trigger stopped by a configuration error"
+        );
+        assert!(stalled(base)
+            .unwrap()
+            .starts_with("paused: the connection's byte budget"));
+    }
+
+    #[test]
     fn the_reason_names_the_most_specific_cause() {
         let base = StallFacts {
             backlog: 3,
@@ -615,9 +749,18 @@ mod tests {
         };
         assert_eq!(stalled(base.clone()).unwrap(), "waiting for runs in flight");
         let paused = StallFacts {
-            paused: true,
+            paused: Some(PauseReason::Buffer),
             ..base.clone()
         };
+        let budget = StallFacts {
+            paused: Some(PauseReason::Budget),
+            buffered_bytes: 600_000,
+            ..base.clone()
+        };
+        assert_eq!(
+            stalled(budget).unwrap(),
+            "paused: the connection's byte budget (max_buffered_bytes) is full and this partition holds 600000 bytes of it"
+        );
         assert_eq!(
             stalled(paused.clone()).unwrap(),
             "paused: the partition's buffer is full"
@@ -632,6 +775,15 @@ mod tests {
                 "paused at the gap bound: {} records handled above offset 41 wait for it",
                 crate::core::offsets::MAX_TRACKED_ABOVE
             )
+        );
+        let at_budget = StallFacts {
+            paused: Some(PauseReason::Metadata),
+            ..paused.clone()
+        };
+        assert_eq!(
+            stalled(at_budget).unwrap(),
+            "paused at the commit metadata's budget: the records handled above offset 41 fill \
+             commit_metadata_max_bytes; only the record at 41 runs"
         );
         let parked = StallFacts {
             recent_failure: Some("dispatcher failing: HTTP 503".into()),

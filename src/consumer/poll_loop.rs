@@ -49,17 +49,22 @@ type Positions = Vec<(TopicPartition, Option<i64>)>;
 /// Starts the poll task. It stops when `stop` is set (and the returned waker woken) or the
 /// event receiver is gone; the consumer is closed where its last reference is dropped, which
 /// the supervisor arranges to be this task's last round, on the blocking pool.
+/// The task's handle yields why a round panicked, if one did.
 pub(crate) fn spawn_poll_loop(
+    name: &str,
     consumer: Arc<BaseConsumer<ConnectorContext>>,
     events: mpsc::Sender<ConsumerEvent>,
     stop: Arc<AtomicBool>,
-) -> std::io::Result<(tokio::task::JoinHandle<()>, Waker)> {
+    flow: FlowQueue,
+) -> std::io::Result<(tokio::task::JoinHandle<Option<String>>, Waker)> {
     let (wake, waker) = QueueWake::enable(&consumer)?;
     let ready = wake.register()?;
     let rebalances = consumer.context().rebalances();
     let mut poller = Poller {
         wake,
         consumer,
+        name: Arc::from(name),
+        flow,
         events,
         last_positions: Instant::now(),
         sent_positions: None,
@@ -81,9 +86,18 @@ pub(crate) fn spawn_poll_loop(
                 let go_on = poller.rounds_while_active(&stop_);
                 (poller, go_on)
             });
-            // A round that panicked took the consumer's reference with it.
-            let Ok((back, go_on)) = round.await else {
-                return;
+            // A round that panicked (a callback, librdkafka's bindings) took the consumer's
+            // reference with it: the task ends, and the supervisor restarts the connection.
+            let (back, go_on) = match round.await {
+                Ok(back) => back,
+                Err(e) => {
+                    let reason = if e.is_panic() {
+                        crate::consumer::setup::panic_message(&*e.into_panic())
+                    } else {
+                        e.to_string()
+                    };
+                    return Some(reason);
+                }
             };
             poller = back;
             if !go_on {
@@ -93,6 +107,7 @@ pub(crate) fn spawn_poll_loop(
         drop(ready);
         // librdkafka stops writing to the eventfd before the consumer closes (field order).
         let _ = tokio::task::spawn_blocking(move || drop(poller)).await;
+        None
     });
     Ok((handle, waker))
 }
@@ -126,6 +141,8 @@ async fn wait(ready: &AsyncFd<OwnedFd>, timeout: Duration) {
 struct Poller {
     wake: QueueWake,
     consumer: Arc<BaseConsumer<ConnectorContext>>,
+    name: Arc<str>,
+    flow: FlowQueue,
     events: mpsc::Sender<ConsumerEvent>,
     last_positions: Instant,
     sent_positions: Option<Positions>,
@@ -170,6 +187,11 @@ impl Poller {
     /// supervisor is gone.
     fn round(&mut self) -> bool {
         let consumer = &*self.consumer;
+        // A seek resets librdkafka's position of the partition to none, as an assignment
+        // does (librdkafka #3567): like a rebalance, it ends the batch, and the positions
+        // are read before a later poll can move them past a transaction marker of the log
+        // sought (the core trusts a position only after such a none).
+        let mut seeked = self.flow.apply_pending(&self.name, consumer);
         let active = self.last_activity.elapsed() < SETTLE;
         // What is ready, up to BATCH messages: one hand-over (and one wake-up of the
         // supervisor) per batch, not per message. A poll that served an event (a log,
@@ -185,9 +207,37 @@ impl Poller {
         let mut batch = Vec::new();
         let mut error = None;
         let mut rebalanced = false;
-        while batch.len() < BATCH {
+        while !seeked && batch.len() < BATCH {
+            // A pause decided meanwhile takes effect before the next poll: librdkafka drops
+            // what it fetched for the partition beyond the messages polled so far.
+            if self.flow.apply_pending(&self.name, consumer) {
+                seeked = true;
+                break;
+            }
             match consumer.poll(Duration::ZERO) {
-                Some(Ok(msg)) => batch.push(msg.detach()),
+                Some(Ok(msg)) => {
+                    // librdkafka hinted at a topic deleted or created again before this
+                    // message reached the queue: the hint goes first, so that the connector
+                    // checks the log before it runs or commits anything read after it.
+                    if consumer.context().take_identity_check() {
+                        if !batch.is_empty()
+                            && self
+                                .events
+                                .blocking_send(ConsumerEvent::Messages(std::mem::take(&mut batch)))
+                                .is_err()
+                        {
+                            return false;
+                        }
+                        if self
+                            .events
+                            .blocking_send(ConsumerEvent::IdentityHint)
+                            .is_err()
+                        {
+                            return false;
+                        }
+                    }
+                    batch.push(msg.detach());
+                }
                 Some(Err(e)) => {
                     error = Some(e);
                     break;
@@ -206,7 +256,7 @@ impl Poller {
             }
         }
         let idle = batch.is_empty() && error.is_none();
-        if !idle || rebalanced {
+        if !idle || rebalanced || seeked {
             self.last_activity = Instant::now();
         }
         if !batch.is_empty()
@@ -223,7 +273,7 @@ impl Poller {
             }
         }
         // While active as before; once quiet, every QUIET_POLL, and sent only when they moved.
-        let due = if rebalanced {
+        let due = if rebalanced || seeked {
             true
         } else if active || self.last_activity.elapsed() < SETTLE {
             idle || self.last_positions.elapsed() >= POSITION_INTERVAL
@@ -237,7 +287,9 @@ impl Poller {
         let Some(positions) = positions(consumer) else {
             return true;
         };
-        let moved = self.sent_positions.as_ref() != Some(&positions);
+        // After a seek they are sent even if they look unchanged: the core restarted the
+        // partition and waits for a none it may already have been sent before.
+        let moved = seeked || self.sent_positions.as_ref() != Some(&positions);
         if moved {
             self.last_activity = Instant::now();
         } else if !active {
@@ -272,18 +324,97 @@ fn positions(consumer: &BaseConsumer<ConnectorContext>) -> Option<Positions> {
     )
 }
 
-/// A pause or resume of partitions, for the ops task.
-///
-/// librdkafka's pause and resume wait for each partition's broker thread to answer (and a
-/// pause purges what was prefetched), so made on the supervisor's task they held up the loop
-/// that starts runs: with the default buffer of 1,000 messages a partition the drain was
-/// capped near 14k events/s with two runs in flight. They are applied off the runtime, in
-/// the order decided.
+/// A pause or resume of partitions.
 pub(crate) struct FlowOp {
     /// Pause (true) or resume (false).
     pub pause: bool,
     /// The partitions.
     pub partitions: rdkafka::TopicPartitionList,
+}
+
+/// What the poll thread is to do to the consumer between two polls, in the order decided.
+pub(crate) enum FlowCmd {
+    /// Pause or resume partitions.
+    Flow(FlowOp),
+    /// Move a partition's position (its topic was created again: to where
+    /// `auto.offset.reset` says).
+    Seek(TopicPartition, Offset),
+}
+
+/// How long a seek may wait for the partition's fetcher.
+const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Pauses, resumes and seeks for the poll thread, which carries them out before its next
+/// poll, in the order decided.
+///
+/// A pause takes effect only for what has not been polled yet: librdkafka drops what it
+/// fetched for the partition beyond the application's position (a version barrier) and
+/// fetches from there on resume. It fetches a partition a response at a time, each of
+/// thousands of records (a whole record batch, however small `max.partition.fetch.bytes`),
+/// and polling hands those over faster than any other thread could pause: applied by an ops
+/// task 10-50 ms after it was decided, with 64 partitions filling at once, the pauses let in
+/// twice the byte budget (`a_million_message_backlog_keeps_memory_bounded`). Between two
+/// polls, only the messages already on their way to the core (at most
+/// [`EVENT_CHANNEL`](crate::consumer::EVENT_CHANNEL) batches) still arrive. Pauses and
+/// resumes take microseconds (librdkafka's broker thread applies them after the call
+/// returns); a seek waits for the partition's fetcher.
+#[derive(Clone, Default)]
+pub(crate) struct FlowQueue {
+    inner: Arc<FlowInner>,
+}
+
+#[derive(Default)]
+struct FlowInner {
+    cmds: std::sync::Mutex<Vec<FlowCmd>>,
+    /// Set while `cmds` is not empty: checked before every poll without the lock.
+    pending: AtomicBool,
+}
+
+impl FlowQueue {
+    /// Queues `cmd` after those queued before; the caller wakes the poll thread.
+    pub(crate) fn push(&self, cmd: FlowCmd) {
+        let mut cmds = self
+            .inner
+            .cmds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        cmds.push(cmd);
+        self.inner.pending.store(true, Ordering::Release);
+    }
+
+    /// Carries out what was queued, in order, on this thread. Returns whether it moved a
+    /// partition's position (a seek).
+    pub(crate) fn apply_pending(
+        &self,
+        connection: &str,
+        consumer: &BaseConsumer<ConnectorContext>,
+    ) -> bool {
+        if !self.inner.pending.load(Ordering::Acquire) {
+            return false;
+        }
+        let cmds = {
+            let mut cmds = self
+                .inner
+                .cmds
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.inner.pending.store(false, Ordering::Release);
+            std::mem::take(&mut *cmds)
+        };
+        let mut seeked = false;
+        for cmd in cmds {
+            match cmd {
+                FlowCmd::Flow(op) => apply_flow(connection, consumer, op),
+                FlowCmd::Seek(tp, offset) => {
+                    seeked = true;
+                    if let Err(e) = consumer.seek(&tp.topic, tp.partition, offset, SEEK_TIMEOUT) {
+                        tracing::warn!(connection, topic = %tp.topic, partition = tp.partition, error = %e, "cannot move the partition's position");
+                    }
+                }
+            }
+        }
+        seeked
+    }
 }
 
 /// Pauses or resumes `op`'s partitions now, on this thread.

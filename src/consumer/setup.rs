@@ -16,7 +16,7 @@ use crate::consumer::context::ConnectorContext;
 use crate::core::partitions::{Limits, TriggerSlot};
 use crate::core::Core;
 use crate::dispatch::retry::Backoff;
-use crate::dispatch::HttpDispatcher;
+use crate::dispatch::DispatchPools;
 use crate::run::spawn::KafkaShell;
 use crate::run::TriggerRuntime;
 use thiserror::Error;
@@ -43,6 +43,33 @@ pub enum SupervisorError {
     /// A thread of the connection could not be started, or ended.
     #[error("thread of connection {0}: {1}")]
     Thread(String, std::io::Error),
+    /// One of the connection's own tasks panicked (or ended while the connection ran): the
+    /// connection is started again.
+    #[error("connection {connection}: its {task} task panicked: {reason}")]
+    Panicked {
+        /// Connection name.
+        connection: String,
+        /// Which task: poll, ops, supervisor.
+        task: &'static str,
+        /// The panic's message, or why the task ended.
+        reason: String,
+    },
+}
+
+impl SupervisorError {
+    /// Whether a task of the connection panicked (see [`SupervisorError::Panicked`]).
+    pub fn is_panic(&self) -> bool {
+        matches!(self, Self::Panicked { .. })
+    }
+}
+
+/// The message of a panic's payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 pub(super) type Trigger = Arc<TriggerRuntime>;
@@ -50,13 +77,20 @@ pub(super) type Trigger = Arc<TriggerRuntime>;
 pub(super) type Consumer_ = rdkafka::consumer::BaseConsumer<ConnectorContext>;
 
 /// Clients of one connection that the consumer and the produce API share: one registry
-/// client (one schema cache) and one idempotent producer.
+/// client (one schema cache) and one idempotent producer; and the daemon's dispatcher pools,
+/// which its triggers share with every other connection's.
 #[derive(Debug, Default)]
 pub struct SharedClients {
     /// The registry client, when the connection has a registry.
     pub registry: Option<Arc<RegistryClient>>,
     /// The idempotent producer, when the connection produces (dead letters, produce API).
     pub producer: Option<crate::produce::producer::IdempotentProducer>,
+    /// The connection's operator controls (its triggers' target states and parked keys,
+    /// the status its shell reports); a standalone one unless the daemon's hub set it.
+    pub control: Arc<crate::control::ConnectionControl>,
+    /// The dispatcher clients by origin (a set of its own unless
+    /// [`SharedClients::with_dispatch_pools`] gives the daemon's).
+    pub dispatch: Arc<DispatchPools>,
 }
 
 impl SharedClients {
@@ -94,7 +128,18 @@ impl SharedClients {
         } else {
             None
         };
-        Ok(Self { registry, producer })
+        Ok(Self {
+            registry,
+            producer,
+            control: Arc::new(crate::control::ConnectionControl::new(name)),
+            dispatch: Arc::default(),
+        })
+    }
+
+    /// These clients, with triggers' dispatchers taken from `pools`.
+    pub fn with_dispatch_pools(mut self, pools: Arc<DispatchPools>) -> Self {
+        self.dispatch = pools;
+        self
     }
 }
 
@@ -125,7 +170,9 @@ impl Triggers {
         let mut by_name = HashMap::new();
         let mut triggers = Vec::new();
         for (tname, t) in &config.triggers {
-            let dispatcher = HttpDispatcher::try_new(&t.dispatcher)
+            let dispatcher = shared
+                .dispatch
+                .dispatcher(&t.dispatcher)
                 .map_err(|e| setup(format!("trigger {tname} dispatcher: {e}")))?;
             let runtime = Arc::new(TriggerRuntime {
                 connection: name.to_owned(),
@@ -150,6 +197,7 @@ impl Triggers {
                         .get("bootstrap.servers")
                         .map_or("", String::as_str),
                 ),
+                control: shared.control.trigger(tname),
             });
             let slot = TriggerSlot {
                 index: triggers.len(),
@@ -232,6 +280,7 @@ pub(super) fn core(config: &ConnectionConfig) -> Core<KafkaShell> {
         per_partition: config.max_buffered_per_partition,
         max_bytes: config.max_buffered_bytes,
         max_tracked_above: crate::core::offsets::MAX_TRACKED_ABOVE,
+        metadata_max_chars: config.commit_metadata_max_bytes,
     };
     let drain = Duration::from_millis(config.drain_timeout_ms);
     Core::new(limits, COMMIT_INTERVAL, COMMIT_HOLD_LIMIT, drain)

@@ -1,8 +1,8 @@
 //! The supervisor of one connection: the shell around the [consumer core](crate::core). It
-//! feeds the core the consumer's events, the runs' ends and the ops task's answers, and
+//! feeds the core the consumer's events, the runs' ends and the commit task's answers, and
 //! carries out the core's commands: runs started and signalled ([`crate::run`]), pauses,
-//! resumes and commit requests (the ops task), a revoke's final commit and its
-//! acknowledgement. Every decision is the core's; this file only moves data.
+//! resumes and seeks (the poll task, before its next poll), commit requests (the commit
+//! task), a revoke's final commit and its acknowledgement. Every decision is the core's; this file only moves data.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,9 +16,12 @@ use super::{AssignedPartition, ConsumerEvent, EVENT_CHANNEL};
 use crate::admin::health::{HealthRegistry, Heartbeat};
 use crate::config::ConnectionConfig;
 use crate::consumer::commit_thread;
+use crate::consumer::identity::IdentityWatch;
 use crate::consumer::monitor::{CheckClock, LagSeconds, Monitor};
 use crate::consumer::setup::{self, Consumer_, Triggers};
-use crate::consumer::threads::{self, PollThread, Threads};
+use crate::consumer::threads::{self, FlowHandle, PollThread, Threads};
+use crate::control::gate::TargetGate;
+use crate::control::ConnectionControl;
 use crate::core::committer::CommitResult;
 use crate::core::{Command, Core, RevokeEnd};
 use crate::dispatch::event::TopicPartition;
@@ -45,14 +48,25 @@ pub struct ConnectionSupervisor {
     completions: mpsc::UnboundedReceiver<WorkerEvent>,
     /// None before `run` and after shutdown began.
     threads: Option<Threads>,
+    /// The poll task's pauses, resumes and seeks, while it runs.
+    flow: Option<FlowHandle>,
     commit_answers: mpsc::UnboundedReceiver<Vec<CommitResult>>,
     commit_answers_tx: mpsc::UnboundedSender<Vec<CommitResult>>,
     /// librdkafka waits in its rebalance callback until this is sent.
     revoke_ack: Option<std::sync::mpsc::SyncSender<()>>,
     monitor: Monitor,
+    /// Which log each partition is read from (topics created again, positions moved back).
+    identity: IdentityWatch,
+    /// Partitions to move (their topic was created again), for the poll task.
+    seeks: Vec<crate::consumer::identity::Seek>,
     /// Beaten once per turn of the event loop (`/livez`).
     heartbeat: Heartbeat,
     lag: LagSeconds,
+    /// Operators' controls: the triggers' target states (applied through `gate`) and the
+    /// status this shell reports.
+    control: Arc<ConnectionControl>,
+    control_changes: tokio::sync::watch::Receiver<u64>,
+    gate: TargetGate,
 }
 
 impl ConnectionSupervisor {
@@ -81,12 +95,18 @@ impl ConnectionSupervisor {
             runs,
             completions,
             threads: None,
+            flow: None,
             commit_answers,
             commit_answers_tx,
             revoke_ack: None,
             heartbeat: health.heartbeat(name),
             monitor: Monitor::new(name, health, shared.registry.clone()),
+            identity: IdentityWatch::new(name, config),
+            seeks: Vec::new(),
             lag: LagSeconds::default(),
+            control: Arc::clone(&shared.control),
+            control_changes: shared.control.subscribe(),
+            gate: TargetGate::default(),
         })
     }
 
@@ -94,7 +114,8 @@ impl ConnectionSupervisor {
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), SupervisorError> {
         setup::subscribe(&self.name, &self.config, &self.consumer)?;
         let events = self.events_tx.clone();
-        let poll_thread = PollThread::spawn(&self.name, &self.consumer, events)?;
+        let mut poll_thread = PollThread::spawn(&self.name, &self.consumer, events)?;
+        self.flow = Some(poll_thread.flow());
         let answers = self.commit_answers_tx.clone();
         self.threads = Some(Threads::spawn(&self.name, &self.consumer, answers));
         metrics::register_connection(
@@ -102,6 +123,7 @@ impl ConnectionSupervisor {
             self.triggers.all.iter().map(|t| t.name.as_str()),
         );
         self.runs.register(&self.triggers.all);
+        self.apply_target_states();
         // The health check also bounds how long the loop goes without a turn (1 s while busy,
         // 10 s when idle): the heartbeat says whether the loop is wedged (`/livez`).
         let mut check = CheckClock::new(Instant::now());
@@ -112,6 +134,13 @@ impl ConnectionSupervisor {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break Ok(()),
+                // A task of the connection that ends while it runs (a panic in a poll round
+                // or a callback, in a commit) restarts the connection: nothing else would
+                // poll or commit for it.
+                reason = poll_thread.ended() => break Err(self.panicked("poll", reason)),
+                reason = threads::ops_ended(&mut self.threads) => {
+                    break Err(self.panicked("ops", reason))
+                }
                 Some(e) = self.completions.recv() => {
                     self.on_worker_event(e);
                     // Whatever else finished meanwhile, before the core decides what starts.
@@ -126,7 +155,14 @@ impl ConnectionSupervisor {
                     self.monitor.check(&self.config, &self.consumer, partitions, triggers, tasks);
                     self.lag.report(&self.name, self.core.partitions());
                     check.checked(Instant::now(), self.core.partitions());
+                    self.check_identity();
+                    self.publish_status();
                 }
+                Some(ids) = self.identity.rx.recv() => {
+                    let seeks = self.identity.on_answer(ids, &mut self.core);
+                    self.seeks.extend(seeks);
+                }
+                Ok(()) = self.control_changes.changed() => self.apply_target_states(),
                 _ = threads::sleep_until_opt(wake) => {}
                 Some(answer) = self.commit_answers.recv() => {
                     self.core.on_commit_answer(Instant::now(), &answer);
@@ -149,7 +185,18 @@ impl ConnectionSupervisor {
     fn on_event(&mut self, event: ConsumerEvent) {
         match event {
             ConsumerEvent::Messages(batch) => {
-                crate::consumer::monitor::intake(&self.name, &mut self.core, &mut self.lag, batch);
+                let moved = crate::consumer::monitor::intake(
+                    &self.name,
+                    &mut self.core,
+                    &mut self.lag,
+                    batch,
+                );
+                if !moved.is_empty() {
+                    for m in &moved {
+                        self.identity.on_moved_back(m);
+                    }
+                    self.check_identity();
+                }
             }
             ConsumerEvent::Positions(positions) => {
                 for (tp, position) in positions {
@@ -167,6 +214,11 @@ impl ConnectionSupervisor {
                 self.revoke_ack = Some(ack);
                 self.core.on_revoked(Instant::now(), partitions, lost);
             }
+            ConsumerEvent::IdentityHint => {
+                self.core.suspect_topics();
+                self.identity.want_now();
+                self.check_identity();
+            }
             ConsumerEvent::Error(e) => {
                 self.consumer.context().note_error(&e, &e.to_string());
                 tracing::warn!(connection = %self.name, error = %e, "kafka consumer error");
@@ -174,21 +226,62 @@ impl ConnectionSupervisor {
         }
     }
 
+    /// The error for a task of the connection that panicked or ended: counted and logged.
+    fn panicked(&self, task: &'static str, reason: String) -> SupervisorError {
+        metrics::connection_panic(&self.name);
+        tracing::error!(connection = %self.name, task, error = %reason, "a task of the connection panicked; the connection drains, commits and starts again");
+        SupervisorError::Panicked {
+            connection: self.name.clone(),
+            task,
+            reason,
+        }
+    }
+
+    /// Reads the assigned topics' ids when due (see [`IdentityWatch`]).
+    fn check_identity(&mut self) {
+        let hint = self.consumer.context().take_identity_check();
+        self.identity
+            .tick(Instant::now(), hint, &self.consumer, &self.core);
+    }
+
     fn on_assigned(&mut self, assigned: Vec<AssignedPartition>) {
         metrics::rebalance(&self.name, "assign");
         // librdkafka can keep a partition's pause flag across revoke and re-assign; a new
         // assignment starts unpaused, in librdkafka as in the core (behind any pause decided
-        // before the revoke, through the ops task).
-        self.pause_or_resume(false, assigned.iter().map(|a| a.tp.clone()).collect());
+        // before the revoke, through the poll task), unless an operator paused its trigger.
+        let tps: Vec<TopicPartition> = assigned.iter().map(|a| a.tp.clone()).collect();
+        self.pause_or_resume(false, tps.clone());
         let slots = self.triggers.slots(&self.name, &self.config, assigned);
         self.core.on_assigned(Instant::now(), slots);
+        for tp in &tps {
+            let Some(p) = self.core.partitions().by_tp(tp) else {
+                continue;
+            };
+            if let Some(why) = p.tracker.metadata_refused() {
+                tracing::warn!(connection = %self.name, topic = %tp.topic, partition = tp.partition,
+                    committed = p.tracker.stored_offset(), reason = %why,
+                    "commit metadata not read: records the previous owner handled above the \
+                     committed offset run again");
+            }
+        }
+        let held = self.gate.to_pause(self.core.partitions(), &tps);
+        if !held.is_empty() {
+            self.pause_or_resume(true, held);
+        }
         self.report_partitions();
+        self.publish_status();
     }
 
     fn on_worker_event(&mut self, event: WorkerEvent) {
         match event {
-            WorkerEvent::Finished(f) => {
+            WorkerEvent::Finished(mut f) => {
                 let records = self.runs.finished(&f);
+                let returned = std::mem::take(&mut f.returned);
+                if !returned.is_empty() {
+                    let _ = self
+                        .core
+                        .on_run_returned(f.id, f.generation, &f.key, returned);
+                }
                 let known = self
                     .core
                     .on_run_finished(f.id, f.generation, &f.key, &records);
@@ -202,8 +295,13 @@ impl ConnectionSupervisor {
         }
     }
 
-    /// Carries out what the core decided. Fails when the ops task is gone.
+    /// Carries out what the core decided. Fails when the commit task is gone.
     async fn execute(&mut self) -> Result<(), SupervisorError> {
+        for seek in std::mem::take(&mut self.seeks) {
+            if let Some(f) = &self.flow {
+                f.seek(seek.tp, seek.to);
+            }
+        }
         let mut commands = std::mem::take(&mut self.commands);
         self.core.poll(Instant::now(), &mut commands);
         let mut paused_or_resumed = false;
@@ -211,8 +309,17 @@ impl ConnectionSupervisor {
             match command {
                 Command::Start(start) => self.runs.spawn(start),
                 Command::Signal(signal) => self.runs.signal(signal),
-                Command::Flow { pause, partitions } => {
-                    self.pause_or_resume(pause, partitions);
+                Command::Flow {
+                    pause,
+                    mut partitions,
+                } => {
+                    if !pause {
+                        self.gate
+                            .keep_paused(self.core.partitions(), &mut partitions);
+                    }
+                    if !partitions.is_empty() {
+                        self.pause_or_resume(pause, partitions);
+                    }
                     paused_or_resumed = true;
                 }
                 Command::Commit(batch) => {
@@ -233,6 +340,9 @@ impl ConnectionSupervisor {
 
     /// Commits a revoke's final state synchronously and releases librdkafka.
     async fn finish_revoke(&mut self, end: RevokeEnd) {
+        if !end.withheld.is_empty() {
+            tracing::warn!(connection = %self.name, partitions = ?end.withheld, "revoked before their topics' ids were read again (a topic may have been created again): no final commit for them; the next owner runs again what they accepted since their last commit");
+        }
         if end.abandoned > 0 {
             tracing::warn!(connection = %self.name, in_flight = end.abandoned, "drain deadline passed on revoke; unfinished runs will be dispatched again by the next owner");
         }
@@ -243,14 +353,15 @@ impl ConnectionSupervisor {
         self.lag
             .forget(&self.name, self.core.partitions(), &end.partitions);
         self.report_partitions();
+        self.publish_status();
         if let Some(ack) = self.revoke_ack.take() {
             let _ = ack.send(());
         }
     }
 
     fn pause_or_resume(&self, pause: bool, tps: Vec<TopicPartition>) {
-        let threads = self.threads.as_ref();
-        threads::pause_or_resume(threads, &self.name, &self.consumer, pause, &tps);
+        let flow = self.flow.as_ref();
+        threads::pause_or_resume(flow, &self.name, &self.consumer, pause, &tps);
     }
 
     fn report_partitions(&self) {
@@ -258,8 +369,41 @@ impl ConnectionSupervisor {
         metrics::partitions(&self.name, p.len(), p.paused_count());
     }
 
+    /// Applies the triggers' target states: an operator paused or resumed one.
+    fn apply_target_states(&mut self) {
+        let wanted: Vec<bool> = self
+            .triggers
+            .all
+            .iter()
+            .map(|t| t.control.paused())
+            .collect();
+        let r = self.gate.reconcile(&wanted, self.core.partitions());
+        if !r.pause.is_empty() {
+            self.pause_or_resume(true, r.pause);
+        }
+        if !r.resume.is_empty() {
+            self.pause_or_resume(false, r.resume);
+        }
+        for index in r.wake {
+            self.core.on_yielded(index);
+        }
+        self.publish_status();
+    }
+
+    /// Reports the owned partitions to the operators' status.
+    fn publish_status(&self) {
+        let name = &self.name;
+        let report = crate::control::gate::partition_statuses(
+            self.core.partitions(),
+            &self.gate,
+            |t| t.name.clone(),
+            |tp| metrics::partition_lag(name, &tp.topic, tp.partition),
+        );
+        self.control.publish(Some(report));
+    }
+
     async fn shut_down(mut self, poll_thread: PollThread) {
-        // The ops task finishes its request and ends, so the final synchronous commit
+        // The commit task finishes its request and ends, so the final synchronous commit
         // below is the last one the broker sees.
         if let Some(t) = self.threads.take() {
             t.join().await;
@@ -290,6 +434,7 @@ impl ConnectionSupervisor {
             let _ = ack.send(());
         }
         self.consumer.context().set_closing();
+        self.control.publish(None);
         self.runs.tasks.close();
         // The poll task holds the last reference: closing (callbacks) runs off the runtime.
         drop(self.consumer);

@@ -1,6 +1,7 @@
 //! A connection's own tasks, which hold no thread while they wait: the poll task
-//! (librdkafka's events, polled on the blocking pool) and the ops task (one commit request
-//! at a time, and pauses and resumes in the order decided, on the blocking pool).
+//! (librdkafka's events, polled on the blocking pool; it also pauses, resumes and seeks
+//! between two polls, in the order decided) and the commit task (one commit request at a
+//! time, on the blocking pool).
 
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
@@ -9,8 +10,8 @@ use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::consumer::commit_thread::{self, CommitBatch, Op};
-use crate::consumer::poll_loop::{self, FlowOp};
+use crate::consumer::commit_thread::{self, CommitBatch};
+use crate::consumer::poll_loop::{self, FlowCmd, FlowOp, FlowQueue};
 use crate::consumer::queue_wake::Waker;
 use crate::consumer::setup::{Consumer_, SupervisorError};
 use crate::core::committer::CommitResult;
@@ -20,7 +21,25 @@ use crate::dispatch::event::TopicPartition;
 pub(super) struct PollThread {
     stop: Arc<AtomicBool>,
     waker: Waker,
-    handle: JoinHandle<()>,
+    flow: FlowQueue,
+    /// None once it ended.
+    handle: Option<JoinHandle<Option<String>>>,
+}
+
+/// Waits for a task of the connection that must not end while it runs; yields why it
+/// ended (the panic's message). Pending for ever once it ended.
+async fn ended(handle: &mut Option<JoinHandle<Option<String>>>) -> String {
+    let Some(h) = handle.as_mut() else {
+        return std::future::pending().await;
+    };
+    let result = h.await;
+    *handle = None;
+    match result {
+        Ok(Some(reason)) => reason,
+        Ok(None) => "it ended".to_owned(),
+        Err(e) if e.is_panic() => super::setup::panic_message(&*e.into_panic()),
+        Err(e) => e.to_string(),
+    }
 }
 
 impl PollThread {
@@ -31,14 +50,34 @@ impl PollThread {
         events: mpsc::Sender<crate::consumer::ConsumerEvent>,
     ) -> Result<Self, SupervisorError> {
         let stop = Arc::new(AtomicBool::new(false));
-        let (handle, waker) =
-            poll_loop::spawn_poll_loop(Arc::clone(consumer), events, Arc::clone(&stop))
-                .map_err(|e| SupervisorError::Thread(name.to_owned(), e))?;
+        let flow = FlowQueue::default();
+        let (handle, waker) = poll_loop::spawn_poll_loop(
+            name,
+            Arc::clone(consumer),
+            events,
+            Arc::clone(&stop),
+            flow.clone(),
+        )
+        .map_err(|e| SupervisorError::Thread(name.to_owned(), e))?;
         Ok(Self {
             stop,
             waker,
-            handle,
+            flow,
+            handle: Some(handle),
         })
+    }
+
+    /// Where pauses, resumes and seeks go for the task to carry out before its next poll.
+    pub(super) fn flow(&self) -> FlowHandle {
+        FlowHandle {
+            queue: self.flow.clone(),
+            waker: self.waker.clone(),
+        }
+    }
+
+    /// Resolves when the task ended before it was told to (a round panicked), with why.
+    pub(super) async fn ended(&mut self) -> String {
+        ended(&mut self.handle).await
     }
 
     /// Stops polling and waits for the task, which closes the consumer if it holds the
@@ -46,14 +85,35 @@ impl PollThread {
     pub(super) async fn join(self) {
         self.stop.store(true, AtomicOrdering::SeqCst);
         self.waker.wake();
-        let _ = self.handle.await;
+        if let Some(h) = self.handle {
+            let _ = h.await;
+        }
     }
 }
 
-/// The ops task of a connection (commits, pauses and resumes, in order), while it runs.
+/// Hands pauses, resumes and seeks to the poll task and wakes it.
+pub(super) struct FlowHandle {
+    queue: FlowQueue,
+    waker: Waker,
+}
+
+impl FlowHandle {
+    fn send(&self, cmd: FlowCmd) {
+        self.queue.push(cmd);
+        self.waker.wake();
+    }
+
+    /// Moves `tp`'s position to `to` (after the pauses and resumes decided before).
+    pub(super) fn seek(&self, tp: TopicPartition, to: rdkafka::Offset) {
+        self.send(FlowCmd::Seek(tp, to));
+    }
+}
+
+/// The commit task of a connection, while it runs.
 pub(super) struct Threads {
-    ops: mpsc::UnboundedSender<Op>,
-    ops_task: JoinHandle<()>,
+    ops: mpsc::UnboundedSender<CommitBatch>,
+    /// None once it ended.
+    ops_task: Option<JoinHandle<Option<String>>>,
 }
 
 impl Threads {
@@ -64,13 +124,22 @@ impl Threads {
         answers: mpsc::UnboundedSender<Vec<CommitResult>>,
     ) -> Self {
         let (ops, ops_task) = commit_thread::spawn(name, Arc::clone(consumer), answers);
-        Self { ops, ops_task }
+        Self {
+            ops,
+            ops_task: Some(ops_task),
+        }
     }
 
-    /// Hands a commit request to the ops task; fails when the task has ended.
+    /// Resolves when the ops task ended while the connection runs (a commit panicked), with
+    /// why.
+    pub(super) async fn ended(&mut self) -> String {
+        ended(&mut self.ops_task).await
+    }
+
+    /// Hands a commit request to the commit task; fails when the task has ended.
     pub(super) fn commit(&self, name: &str, batch: CommitBatch) -> Result<(), SupervisorError> {
-        self.ops.send(Op::Commit(batch)).map_err(|_| {
-            let e = std::io::Error::other("the ops task ended");
+        self.ops.send(batch).map_err(|_| {
+            let e = std::io::Error::other("the commit task ended");
             SupervisorError::Thread(name.to_owned(), e)
         })
     }
@@ -79,14 +148,24 @@ impl Threads {
     /// answered before anything commits after it.
     pub(super) async fn join(self) {
         drop(self.ops);
-        let _ = self.ops_task.await;
+        if let Some(t) = self.ops_task {
+            let _ = t.await;
+        }
     }
 }
 
-/// Pauses or resumes `tps` through the ops task of `threads` (in the order decided), or
-/// on this thread while it does not run (before the connection runs, during shutdown).
+/// [`Threads::ended`] of the ops task while it runs; pending for ever otherwise.
+pub(super) async fn ops_ended(threads: &mut Option<Threads>) -> String {
+    match threads {
+        Some(t) => t.ended().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Pauses or resumes `tps` through the poll task (`flow`: before its next poll, in the order
+/// decided), or on this thread while it does not run (before the connection runs).
 pub(super) fn pause_or_resume(
-    threads: Option<&Threads>,
+    flow: Option<&FlowHandle>,
     name: &str,
     consumer: &Consumer_,
     pause: bool,
@@ -97,15 +176,10 @@ pub(super) fn pause_or_resume(
         let _ = partitions.add_partition(&tp.topic, tp.partition);
     }
     let op = FlowOp { pause, partitions };
-    let op = match threads {
-        Some(t) => match t.ops.send(Op::Flow(op)) {
-            Ok(()) => return,
-            Err(mpsc::error::SendError(Op::Flow(op))) => op,
-            Err(_) => return,
-        },
-        None => op,
-    };
-    poll_loop::apply_flow(name, consumer, op);
+    match flow {
+        Some(f) => f.send(FlowCmd::Flow(op)),
+        None => poll_loop::apply_flow(name, consumer, op),
+    }
 }
 
 /// Sleeps until `deadline`, or for ever without one.

@@ -85,6 +85,7 @@ pub fn idempotency_key(
 /// `last` ([`idempotency_key`]), or, resent after a 409, its [`conflict_key`] with `nonce`.
 pub fn request_key(
     group: &str,
+    topic_id: Option<&str>,
     first: &impl Record,
     last: &impl Record,
     count: usize,
@@ -93,7 +94,7 @@ pub fn request_key(
     let (topic, partition) = (first.topic(), first.partition());
     let key = idempotency_key(
         group,
-        topic,
+        &crate::dispatch::event::key_topic(topic, topic_id),
         partition,
         first.offset(),
         last.offset(),

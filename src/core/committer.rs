@@ -7,7 +7,7 @@
 //! for [`UNANSWERED_HOLD`], new runs wait ([`Committer::holding`]) for at most `max_hold`; a
 //! revoked partition's commit state is forgotten, so no late answer brings it back.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use std::time::Instant;
@@ -46,12 +46,17 @@ pub struct CommitResult {
     pub metadata: String,
     /// None when committed; the broker's or librdkafka's reason when refused.
     pub refused: Option<String>,
+    /// The refusal concerns this partition alone (its topic is gone, the principal may not
+    /// read it, its metadata is over the broker's limit), not the member's standing in the
+    /// group: only this partition's runs wait.
+    pub partition_only: bool,
 }
 
 /// Wanted commits and what the broker said about them.
 #[derive(Debug)]
 pub struct Committer {
-    wanted: HashMap<TopicPartition, Wanted>,
+    /// In partition order: a request lists them so, and a seed replays the same requests.
+    wanted: BTreeMap<TopicPartition, Wanted>,
     interval: Duration,
     max_hold: Duration,
     last_send: Option<Instant>,
@@ -64,14 +69,20 @@ pub struct Committer {
     /// Since when the last request is out without an answer (one request at a time).
     in_flight_since: Option<Instant>,
     /// The last offset and metadata confirmed per partition.
-    confirmed: HashMap<TopicPartition, (i64, String)>,
+    confirmed: BTreeMap<TopicPartition, (i64, String)>,
+    /// Partitions whose log is not identified (a topic may have been created again): their
+    /// wanted commits wait, and are sent once it is, or forgotten.
+    suspended: BTreeSet<TopicPartition>,
+    /// Partitions whose commits the broker refuses for reasons of their own, since when and
+    /// why: their new runs wait, the others' do not.
+    partition_refusals: BTreeMap<TopicPartition, (Instant, String)>,
 }
 
 impl Committer {
     /// Sends at most every `interval`; holds new runs for at most `max_hold` while refused.
     pub fn new(interval: Duration, max_hold: Duration) -> Self {
         Self {
-            wanted: HashMap::new(),
+            wanted: BTreeMap::new(),
             interval,
             max_hold,
             last_send: None,
@@ -79,7 +90,9 @@ impl Committer {
             refusals: 0,
             last_refusal: None,
             in_flight_since: None,
-            confirmed: HashMap::new(),
+            confirmed: BTreeMap::new(),
+            suspended: BTreeSet::new(),
+            partition_refusals: BTreeMap::new(),
         }
     }
 
@@ -102,6 +115,8 @@ impl Committer {
     pub fn forget(&mut self, tp: &TopicPartition) {
         let _ = self.wanted.remove(tp);
         let _ = self.confirmed.remove(tp);
+        let _ = self.partition_refusals.remove(tp);
+        let _ = self.suspended.remove(tp);
         if self.wanted.is_empty() {
             self.refusing_since = None;
             self.refusals = 0;
@@ -136,7 +151,22 @@ impl Committer {
         if self.in_flight_since.is_some() {
             return None;
         }
-        self.wanted.values().filter_map(|w| self.due_at(w)).min()
+        self.wanted
+            .iter()
+            .filter(|(tp, _)| !self.suspended.contains(*tp))
+            .filter_map(|(_, w)| self.due_at(w))
+            .min()
+    }
+
+    /// `tp`'s log is not identified (a topic may have been deleted and created again): its
+    /// wanted commit is not sent until [`Committer::resume`] (or [`Committer::forget`]).
+    pub fn suspend(&mut self, tp: &TopicPartition) {
+        let _ = self.suspended.insert(tp.clone());
+    }
+
+    /// `tp`'s log is identified as the one it was: its wanted commit may go out.
+    pub fn resume(&mut self, tp: &TopicPartition) {
+        let _ = self.suspended.remove(tp);
     }
 
     /// Whether a request may go out now: none is out and the interval since the last passed.
@@ -194,6 +224,9 @@ impl Committer {
         }
         let mut out = Vec::new();
         for (tp, w) in &mut self.wanted {
+            if self.suspended.contains(tp) {
+                continue;
+            }
             let due = match w.sent_at {
                 None => true,
                 Some(sent) => now >= sent + RESEND_AFTER,
@@ -234,26 +267,56 @@ impl Committer {
         }
     }
 
-    /// The broker's answers, per partition.
+    /// The broker's answers, per partition. A refusal of the member (a rebalance, an
+    /// unknown member, a coordinator move) holds every new run; a partition's own refusal
+    /// holds only that partition's.
     fn on_results(&mut self, now: Instant, results: &[CommitResult]) {
+        // A refusal for a partition with no commit wanted (forgotten on revoke since the
+        // request went out) says nothing of this member's commits now: counting it would hold
+        // new runs until `max_hold`, with nothing left to confirm.
+        let member_refused = results
+            .iter()
+            .find(|r| !r.partition_only && self.wanted.contains_key(&r.tp))
+            .and_then(|r| r.refused.clone());
+        if let Some(reason) = &member_refused {
+            self.refusals = self.refusals.saturating_add(1);
+            let _ = self.refusing_since.get_or_insert(now);
+            self.last_refusal = Some(reason.clone());
+        } else if results.iter().any(|r| r.refused.is_none()) {
+            self.refusing_since = None;
+            self.refusals = 0;
+        }
         for r in results {
             match &r.refused {
                 None => {
-                    self.refusing_since = None;
-                    self.refusals = 0;
+                    let _ = self.partition_refusals.remove(&r.tp);
                     self.confirm(r);
                 }
-                // A refusal for a partition with no commit wanted (forgotten on revoke since
-                // the request went out) says nothing of this member's commits now: counting
-                // it would hold new runs until `max_hold`, with nothing left to confirm.
                 Some(_) if !self.wanted.contains_key(&r.tp) => {}
+                // A partition's own refusal of a commit other than the one wanted now (taken
+                // before its log started again, say) says nothing of the one wanted: that
+                // one is tried as usual.
+                Some(_)
+                    if r.partition_only
+                        && self
+                            .wanted
+                            .get(&r.tp)
+                            .is_some_and(|w| w.offset != r.offset || w.metadata != r.metadata) => {}
                 Some(reason) => {
-                    // The broker refuses commits: hold new runs whatever this commit was.
-                    self.refusals = self.refusals.saturating_add(1);
-                    let _ = self.refusing_since.get_or_insert(now);
-                    self.last_refusal = Some(reason.clone());
+                    let tries = if r.partition_only {
+                        let entry = self
+                            .partition_refusals
+                            .entry(r.tp.clone())
+                            .or_insert_with(|| (now, String::new()));
+                        entry.1 = reason.clone();
+                        // Backoff from how long the partition has been refused.
+                        let refused_for = now.saturating_duration_since(entry.0);
+                        1 + (refused_for.as_millis() / RETRY_MAX.as_millis().max(1)) as u32
+                    } else {
+                        self.refusals
+                    };
                     let backoff = RETRY_INITIAL
-                        .saturating_mul(1 << self.refusals.min(8).saturating_sub(1))
+                        .saturating_mul(1 << tries.clamp(1, 8).saturating_sub(1))
                         .min(RETRY_MAX);
                     let Some(w) = self.wanted.get_mut(&r.tp) else {
                         continue;
@@ -265,6 +328,19 @@ impl Committer {
                 }
             }
         }
+    }
+
+    /// Partitions whose own commits the broker refuses (see [`CommitResult::partition_only`]),
+    /// since less than `max_hold`: their new runs wait.
+    pub fn refused_partitions(
+        &self,
+        now: Instant,
+    ) -> impl Iterator<Item = (&TopicPartition, &str)> {
+        let max_hold = self.max_hold;
+        self.partition_refusals
+            .iter()
+            .filter(move |(_, (since, _))| now.saturating_duration_since(*since) < max_hold)
+            .map(|(tp, (_, reason))| (tp, reason.as_str()))
     }
 
     /// Whether new runs should wait: the broker is refusing commits (or a request has been
@@ -308,6 +384,7 @@ mod tests {
             offset,
             metadata: String::new(),
             refused: None,
+            partition_only: false,
         }
     }
 
@@ -316,6 +393,60 @@ mod tests {
             refused: Some("Broker: Specified group generation id is not valid".into()),
             ..ok(p, offset)
         }
+    }
+
+    #[test]
+    fn a_partition_refused_on_its_own_holds_only_itself() {
+        let mut c = Committer::new(TICK, Duration::from_secs(30));
+        let t0 = Instant::now();
+        c.want(tp(0), 5, String::new());
+        c.want(tp(1), 7, String::new());
+        let _ = c.take_due(t0);
+        let gone = CommitResult {
+            refused: Some("Broker: Unknown topic or partition".into()),
+            partition_only: true,
+            ..ok(1, 7)
+        };
+        c.on_answer(t0 + TICK, &[ok(0, 5), gone]);
+        assert!(!c.holding(t0 + TICK), "the member is not refused");
+        assert!(c.refusing().is_none());
+        let held: Vec<i32> = c
+            .refused_partitions(t0 + TICK)
+            .map(|(tp, _)| tp.partition)
+            .collect();
+        assert_eq!(held, vec![1]);
+        assert!(c.is_wanted(&tp(1)) && !c.is_wanted(&tp(0)));
+        // Sent again after its backoff; confirmed, it holds nothing any more.
+        let again = c.take_due(t0 + Duration::from_secs(1));
+        assert_eq!(again, vec![(tp(1), 7, String::new())]);
+        c.on_answer(t0 + Duration::from_secs(1), &[ok(1, 7)]);
+        assert_eq!(c.refused_partitions(t0 + Duration::from_secs(1)).count(), 0);
+        // The hold of a partition refused for good ends at the limit.
+        c.want(tp(2), 1, String::new());
+        let t1 = t0 + Duration::from_secs(2);
+        let _ = c.take_due(t1);
+        let denied = CommitResult {
+            refused: Some("Broker: Topic authorization failed".into()),
+            partition_only: true,
+            ..ok(2, 1)
+        };
+        c.on_answer(t1, &[denied]);
+        assert_eq!(c.refused_partitions(t1).count(), 1);
+        assert_eq!(
+            c.refused_partitions(t1 + Duration::from_secs(30)).count(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_member_refusal_holds_everything_whatever_the_order_of_the_answers() {
+        let mut c = Committer::new(TICK, Duration::from_secs(30));
+        let t0 = Instant::now();
+        c.want(tp(0), 5, String::new());
+        c.want(tp(1), 7, String::new());
+        let _ = c.take_due(t0);
+        c.on_answer(t0 + TICK, &[refused(0, 5), ok(1, 7)]);
+        assert!(c.holding(t0 + TICK));
     }
 
     const TICK: Duration = Duration::from_millis(10);

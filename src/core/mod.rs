@@ -16,6 +16,7 @@
 
 pub mod batch;
 pub mod committer;
+pub mod offset_codec;
 pub mod offsets;
 pub mod partitions;
 pub mod record_age;
@@ -45,6 +46,8 @@ pub struct AssignedPartition {
     pub committed: Option<i64>,
     /// The commit metadata (see [`offsets`]).
     pub metadata: String,
+    /// The topic's id (KIP-516), where the cluster has them.
+    pub topic_id: Option<std::sync::Arc<str>>,
 }
 
 /// A commit request: partitions with offsets and metadata.
@@ -84,6 +87,10 @@ pub struct RevokeEnd {
     /// Runs still in flight when the drain deadline passed (abandoned: offered again to the
     /// next owner).
     pub abandoned: usize,
+    /// Partitions whose final commit is withheld: their log was not identified (a topic may
+    /// have been deleted and created again), so their offsets may be another topic's. The
+    /// next owner runs again what they accepted since their last commit.
+    pub withheld: Vec<TopicPartition>,
 }
 
 /// A change of the hold on new runs: the broker refuses commits or leaves one unanswered.
@@ -95,6 +102,8 @@ pub struct HoldChange {
     pub reason: Option<String>,
     /// The hold ended because it lasted its limit, not because commits got through.
     pub expired: bool,
+    /// The one partition whose own commits are refused (None: the whole connection).
+    pub partition: Option<TopicPartition>,
 }
 
 /// A revoke in progress: its partitions drain until their runs end or the deadline passes.
@@ -111,6 +120,9 @@ pub struct Core<S: Shell> {
     committer: Committer,
     /// Whether new runs wait for commits to get through (last decided).
     holding: bool,
+    /// Partitions whose new runs wait because the broker refuses their own commits (last
+    /// decided), with the reason.
+    held: std::collections::BTreeMap<TopicPartition, String>,
     revoke: Option<Revoke>,
     /// How long a revoke waits for its runs in flight.
     drain_timeout: Duration,
@@ -135,6 +147,7 @@ impl<S: Shell> Core<S> {
             partitions: PartitionSet::new(limits),
             committer: Committer::new(commit_interval, hold_limit),
             holding: false,
+            held: std::collections::BTreeMap::new(),
             revoke: None,
             drain_timeout,
             stopping: false,
@@ -186,9 +199,38 @@ impl<S: Shell> Core<S> {
         });
     }
 
-    /// A message arrived.
+    /// A message arrived. One below what its assignment already received (the consumer's
+    /// position moved back) starts the partition's bookkeeping again from it, and its commit
+    /// state is forgotten: the commit may now go back to it.
     pub fn on_message(&mut self, msg: S::Record) -> Arrival<S::Record> {
-        self.partitions.on_message(msg)
+        let arrival = self.partitions.on_message(msg);
+        if let Arrival::MovedBack { id, .. } = &arrival {
+            if let Some(p) = self.partitions.get(*id) {
+                self.committer.forget(&p.tp);
+            }
+        }
+        arrival
+    }
+
+    /// The shell read the id of `tp`'s topic (None: the cluster has none, or it could not be
+    /// read). When it differs from the partition's, the topic was deleted and created again:
+    /// the partition starts again as a new assignment of the new log with nothing committed
+    /// (the broker deleted the group's offsets with the topic), its commit state is
+    /// forgotten, and true is returned: the shell moves the consumer to where
+    /// `auto.offset.reset` says. A partition whose position moved back waits for this before
+    /// its records run, and takes the id.
+    pub fn on_topic_id(
+        &mut self,
+        tp: &TopicPartition,
+        topic_id: Option<std::sync::Arc<str>>,
+    ) -> bool {
+        let replaced = self.partitions.verify_topic_id(tp, topic_id);
+        if replaced {
+            self.committer.forget(tp);
+        } else {
+            self.committer.resume(tp);
+        }
+        replaced
     }
 
     /// The consumer's next-read position of `tp`, after the messages handed over before it.
@@ -209,6 +251,29 @@ impl<S: Shell> Core<S> {
         self.partitions
             .on_run_finished(id, generation, key, records)
             .is_some()
+    }
+
+    /// Records of a run come back without an outcome, outside a revoke: they start again,
+    /// before the later records of their key (see [`PartitionSet::on_run_returned`]). Call
+    /// before [`Core::on_run_finished`] with the run's other records.
+    pub fn on_run_returned(
+        &mut self,
+        id: PartitionId,
+        generation: u64,
+        key: &Option<Vec<u8>>,
+        records: Vec<S::Record>,
+    ) -> bool {
+        self.partitions
+            .on_run_returned(id, generation, key, records)
+    }
+
+    /// librdkafka hinted that a topic may have been deleted or created again: nothing runs
+    /// or is committed until the topics' ids were read again ([`Core::on_topic_id`]).
+    pub fn suspect_topics(&mut self) {
+        self.partitions.suspect_topics();
+        for p in self.partitions.iter() {
+            self.committer.suspend(&p.tp);
+        }
     }
 
     /// A run of the trigger with this index gave its permit back while it waits to retry.
@@ -320,6 +385,7 @@ impl<S: Shell> Core<S> {
         } else {
             self.final_commits(&r.partitions)
         };
+        let withheld = self.withheld(&r.partitions);
         for tp in &r.partitions {
             let _ = self.partitions.remove(tp);
             self.committer.forget(tp);
@@ -330,7 +396,20 @@ impl<S: Shell> Core<S> {
             partitions: r.partitions,
             commit,
             abandoned: in_flight,
+            withheld,
         }));
+    }
+
+    /// Those of `tps` whose log is not identified: no final commit for them.
+    pub fn withheld(&self, tps: &[TopicPartition]) -> Vec<TopicPartition> {
+        tps.iter()
+            .filter(|tp| {
+                self.partitions
+                    .by_tp(tp)
+                    .is_some_and(|p| p.unverified.is_some())
+            })
+            .cloned()
+            .collect()
     }
 
     fn final_commits(&mut self, tps: &[TopicPartition]) -> CommitBatch {
@@ -343,6 +422,7 @@ impl<S: Shell> Core<S> {
     }
 
     fn update_hold(&mut self, now: Instant, out: &mut Vec<Command<S>>) {
+        self.update_partition_holds(now, out);
         let holding = self.committer.holding(now);
         if holding == self.holding {
             return;
@@ -354,7 +434,44 @@ impl<S: Shell> Core<S> {
             holding,
             expired: !holding && reason.is_some(),
             reason,
+            partition: None,
         }));
+    }
+
+    /// Holds the new runs of each partition whose own commits the broker refuses, and only
+    /// those (a deleted topic, a missing permission must not stop the other partitions).
+    fn update_partition_holds(&mut self, now: Instant, out: &mut Vec<Command<S>>) {
+        let mut refused = self.committer.refused_partitions(now).peekable();
+        if refused.peek().is_none() && self.held.is_empty() {
+            return;
+        }
+        let now_held: std::collections::BTreeMap<TopicPartition, String> = refused
+            .map(|(tp, reason)| (tp.clone(), reason.to_owned()))
+            .collect();
+        for (tp, reason) in &now_held {
+            if !self.held.contains_key(tp) {
+                self.partitions.set_partition_hold(tp, true);
+                out.push(Command::Hold(HoldChange {
+                    holding: true,
+                    reason: Some(reason.clone()),
+                    expired: false,
+                    partition: Some(tp.clone()),
+                }));
+            }
+        }
+        for (tp, reason) in std::mem::take(&mut self.held) {
+            if !now_held.contains_key(&tp) {
+                self.partitions.set_partition_hold(&tp, false);
+                out.push(Command::Hold(HoldChange {
+                    holding: false,
+                    // Still refused, but held for the limit: runs go on.
+                    expired: self.committer.is_wanted(&tp),
+                    reason: Some(reason),
+                    partition: Some(tp),
+                }));
+            }
+        }
+        self.held = now_held;
     }
 
     fn process(&mut self, now: Instant, out: &mut Vec<Command<S>>) {
@@ -417,6 +534,7 @@ mod tests {
             per_partition: 100,
             max_bytes: 1 << 20,
             max_tracked_above: 100,
+            metadata_max_chars: 4096,
         };
         Core::new(
             limits,
@@ -436,6 +554,7 @@ mod tests {
                     tp: tp(p),
                     committed: None,
                     metadata: String::new(),
+                    topic_id: None,
                 };
                 let slot = TriggerSlot {
                     index: 0,
@@ -499,6 +618,7 @@ mod tests {
                 offset: *offset,
                 metadata: metadata.clone(),
                 refused: None,
+                partition_only: false,
             })
             .collect()
     }

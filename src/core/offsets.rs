@@ -1,43 +1,117 @@
-//! Per-partition offset bookkeeping: which offset may be committed.
+//! Per-partition offset bookkeeping: which offset may be committed, and the map of what is
+//! handled above it.
 //!
 //! Invariant: the commit offset is the lowest offset that is received and not yet handled,
 //! or, when nothing is outstanding, the next offset the consumer will read. Everything below
-//! it was accepted by the dispatcher (or deliberately skipped).
+//! it was accepted by the dispatcher (or deliberately skipped), or never returned by the
+//! consumer (a transaction marker, an aborted record, an offset removed by compaction).
 //!
 //! Offsets handled above the commit offset (keys run in parallel, so later offsets can finish
-//! first) travel in the commit's metadata, `tk1:<commit offset>:<deltas>`. After a restart or
-//! a rebalance the next owner reads them back and does not dispatch those messages again. The
-//! metadata is bounded ([`MAX_METADATA_BYTES`]); offsets that do not fit are left out and are
-//! offered to the dispatcher again, which recognises them by their idempotency key.
-//! Pure and exhaustively tested.
+//! first) travel in the commit's metadata ([`offset_codec`], `tk2:<commit offset>:<runs>`).
+//! After a restart or a rebalance the next owner reads them back and does not dispatch those
+//! messages again. The rule the map is built by extends the commit offset's own: above the
+//! commit offset, an offset below the consumer's position counts as handled unless it is
+//! outstanding (handled by this owner, named by the previous owner's map, or never returned
+//! by the consumer: nothing to run there), and one at or beyond it only if the previous
+//! owner's map names it. So a topic with one record per transaction, or a compacted one,
+//! costs a map no more than one without gaps.
+//!
+//! The map must fit the broker's `offset.metadata.max.bytes` (the connection's
+//! `commit_metadata_max_bytes`). Rather than commit a map cut short (the next owner would run
+//! again what it leaves out), a partition stops starting runs above its gap while the map,
+//! with every run in flight finished in any order, might not fit ([`OffsetTracker::gap_hold`]);
+//! only the record at the gap starts then, and handling it is what shrinks the map. The same
+//! holds at [`MAX_TRACKED_ABOVE`] records handled above a gap. Pure and exhaustively tested.
 
-use std::collections::BTreeSet;
-use std::fmt::Write as _;
+use std::cell::Cell;
+use std::collections::{BTreeSet, VecDeque};
 
-/// Longest commit metadata written (brokers accept 4096 bytes by default).
-pub const MAX_METADATA_BYTES: usize = 2048;
+use crate::core::offset_codec::{self, HandledRanges, MetadataError};
 
-/// Most offsets tracked as handled above a gap (one key parked while later keys of its
+pub use crate::core::offset_codec::MAX_METADATA_OFFSETS;
+
+/// Most records tracked as handled above a gap (one key parked while later keys of its
 /// partition run). At this many the partition pauses and starts nothing new until the gap
 /// closes, so memory and the cost of a commit stay bounded however long a key is parked.
 pub const MAX_TRACKED_ABOVE: usize = 10_000;
 
-const METADATA_PREFIX: &str = "tk1:";
+/// The default longest commit metadata, in characters: the broker's default
+/// `offset.metadata.max.bytes`.
+pub const DEFAULT_METADATA_MAX_CHARS: usize = 4096;
+
+/// What bounds a partition's offsets above its gap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrackerLimits {
+    /// Records handled above a gap at which it counts as full ([`MAX_TRACKED_ABOVE`];
+    /// smaller in the simulation, so that a schedule reaches it in a few records).
+    pub max_above: usize,
+    /// The longest commit metadata written, in characters (the broker's
+    /// `offset.metadata.max.bytes`; smaller in the simulation).
+    pub metadata_max_chars: usize,
+}
+
+impl Default for TrackerLimits {
+    fn default() -> Self {
+        Self {
+            max_above: MAX_TRACKED_ABOVE,
+            metadata_max_chars: DEFAULT_METADATA_MAX_CHARS,
+        }
+    }
+}
+
+/// Why a partition starts nothing above its gap but the record at the gap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GapHold {
+    /// [`TrackerLimits::max_above`] records are handled above the gap.
+    Tracked,
+    /// The commit metadata might not fit its budget if one more run started.
+    Metadata,
+}
 
 /// Tracks outstanding offsets of one partition.
 #[derive(Debug)]
 pub struct OffsetTracker {
-    /// Offsets handled above a gap at which the gap counts as full ([`MAX_TRACKED_ABOVE`];
-    /// smaller in the simulation, so that a schedule reaches it in a few records).
-    max_above: usize,
+    limits: TrackerLimits,
     /// Received and not yet handled.
     outstanding: BTreeSet<i64>,
-    /// Handled offsets above the commit offset.
+    /// Records handled above the first outstanding offset (by this owner, or named by the
+    /// previous owner's map and received since), all below `next`.
     handled_above: BTreeSet<i64>,
-    /// One past the highest offset received, or the consumer's position when further.
+    /// The previous owner's map, as handled ranges, at and above `next` (below it, what
+    /// they named was received since, or never will be).
+    prior: VecDeque<(i64, i64)>,
+    /// Offsets in `prior`.
+    prior_len: u64,
+    /// One past the highest offset received, or the consumer's position when further, or
+    /// the commit offset when it moved past offsets the previous owner handled.
     next: Option<i64>,
+    /// One past the highest offset the consumer returned, or its position when further: a
+    /// message below it means the position moved back.
+    seen: Option<i64>,
     /// What was last handed to the consumer to commit.
     stored: Option<(i64, String)>,
+    /// Changes with every event that can change the map.
+    version: u64,
+    /// The start gate's last measure of the map (see [`OffsetTracker::map_fits`]).
+    gate: Cell<Gate>,
+    /// Maps cut to fit the budget (only a previous owner's map written under a larger one).
+    maps_cut: u64,
+    /// Why the previous owner's metadata was not read, if it was not.
+    refused: Option<MetadataError>,
+}
+
+/// The start gate's measure: the map's runs when measured, the records then in flight, and
+/// those started since. Each record finishing can add at most two runs, so the map's runs
+/// stay below `runs + 2 * (in_flight + started)` until the next measure.
+#[derive(Debug, Clone, Copy, Default)]
+struct Gate {
+    measured: bool,
+    runs: usize,
+    in_flight: usize,
+    started: usize,
+    /// A measure that did not fit, at this version and count in flight: not measured again
+    /// until either changes.
+    failed: Option<(u64, usize)>,
 }
 
 /// Whether a received message needs dispatching.
@@ -45,60 +119,102 @@ pub struct OffsetTracker {
 pub enum Received {
     /// Dispatch it.
     Dispatch,
-    /// The previous owner's commit metadata, or this owner, handled it already (librdkafka
-    /// can return a message again, for example after a fetch is restarted).
+    /// The previous owner's commit metadata lists it as handled.
     AlreadyAccepted,
-    /// It was received before and is still waiting or in flight: not a second dispatch.
-    AlreadyReceived,
+    /// It lies below what this assignment already received: the consumer's position moved
+    /// back (an offset reset after an out-of-range fetch, a topic deleted and created again,
+    /// a log truncated after an unclean leader election). librdkafka never returns a message
+    /// twice otherwise: a pause, a resume or a restarted fetch go on from the position after
+    /// the last message returned. Nothing proves that the records from here on were handled:
+    /// the log they are read from may not be the one that was handled. Nothing is recorded;
+    /// the caller starts the partition's bookkeeping again from this offset.
+    MovedBack {
+        /// The offset this assignment expected next.
+        expected: i64,
+    },
 }
 
 impl Default for OffsetTracker {
     fn default() -> Self {
-        Self::bounded(MAX_TRACKED_ABOVE)
+        Self::new(TrackerLimits::default())
     }
 }
 
 impl OffsetTracker {
-    /// An empty tracker whose gap is full at `max_above` offsets handled above it.
-    pub fn bounded(max_above: usize) -> Self {
+    /// An empty tracker.
+    pub fn new(limits: TrackerLimits) -> Self {
         Self {
-            max_above,
+            limits,
             outstanding: BTreeSet::new(),
             handled_above: BTreeSet::new(),
+            prior: VecDeque::new(),
+            prior_len: 0,
             next: None,
+            seen: None,
             stored: None,
+            version: 0,
+            gate: Cell::new(Gate::default()),
+            maps_cut: 0,
+            refused: None,
         }
+    }
+
+    /// An empty tracker whose gap is full at `max_above` records handled above it.
+    pub fn bounded(max_above: usize) -> Self {
+        Self::new(TrackerLimits {
+            max_above,
+            ..TrackerLimits::default()
+        })
     }
 
     /// A tracker for a partition whose group commit is `offset` with `metadata`.
     pub fn from_committed(offset: Option<i64>, metadata: &str) -> Self {
-        Self::from_committed_bounded(offset, metadata, MAX_TRACKED_ABOVE)
+        Self::from_committed_with(offset, metadata, TrackerLimits::default())
     }
 
-    /// [`Self::from_committed`] with the gap bound `max_above` (of the metadata, at most
-    /// twice that many offsets are kept: see [`MAX_METADATA_OFFSETS`]).
-    pub fn from_committed_bounded(offset: Option<i64>, metadata: &str, max_above: usize) -> Self {
-        let mut t = Self::bounded(max_above);
+    /// [`Self::from_committed`] with `limits`. Metadata that is not a map of this offset
+    /// is not read ([`Self::metadata_refused`] says why): the records above the offset run
+    /// again, as at-least-once allows.
+    pub fn from_committed_with(offset: Option<i64>, metadata: &str, limits: TrackerLimits) -> Self {
+        let mut t = Self::new(limits);
         if let Some(offset) = offset.filter(|o| *o >= 0) {
-            t.handled_above = parse_metadata_bounded(offset, metadata, 2 * max_above);
+            match offset_codec::decode(offset, metadata) {
+                Ok(map) => {
+                    t.prior_len = map.len() as u64;
+                    t.prior = map.into_ranges().into();
+                }
+                Err(e) => t.refused = Some(e),
+            }
             t.stored = Some((offset, metadata.to_owned()));
         }
         t
     }
 
+    /// Why the previous owner's commit metadata was not read, if it was not.
+    pub fn metadata_refused(&self) -> Option<&MetadataError> {
+        self.refused.as_ref()
+    }
+
     /// A message at `offset` was received.
     pub fn received(&mut self, offset: i64) -> Received {
         // Everything below `next` was received (or skipped by the consumer as a transaction
-        // marker or aborted record) in this assignment: a message there is a repeat delivery.
-        if self.next.is_some_and(|n| offset < n) {
-            return if self.outstanding.contains(&offset) {
-                Received::AlreadyReceived
-            } else {
-                Received::AlreadyAccepted
-            };
+        // marker or aborted record) in this assignment: a message there means the position
+        // moved back.
+        if let Some(expected) = self.seen.filter(|n| offset < *n) {
+            return Received::MovedBack { expected };
         }
+        self.seen = Some(offset.saturating_add(1));
+        self.version += 1;
+        // Below `next` now only when the commit moved past offsets the previous owner's
+        // metadata listed as handled.
+        let covered = self.next.is_some_and(|n| offset < n);
+        let named = covered || self.prior_contains(offset);
         self.advance_next(offset.saturating_add(1));
-        if self.handled_above.contains(&offset) {
+        if named {
+            // Above the gap it stays in the map; below it the commit offset covers it.
+            if self.outstanding.first().is_some_and(|f| *f < offset) {
+                let _ = self.handled_above.insert(offset);
+            }
             return Received::AlreadyAccepted;
         }
         let _ = self.outstanding.insert(offset);
@@ -109,6 +225,7 @@ impl OffsetTracker {
     pub fn handled(&mut self, offset: i64) {
         let was_first = self.outstanding.first() == Some(&offset);
         if self.outstanding.remove(&offset) {
+            self.version += 1;
             let _ = self.handled_above.insert(offset);
             if was_first {
                 // The gap moved: what lies below the new first outstanding offset (or the next
@@ -124,37 +241,138 @@ impl OffsetTracker {
     /// move past offsets no message was returned for: transaction markers and aborted records.
     /// Only positions reported in order with the messages may be given here.
     pub fn position(&mut self, position: i64) {
-        if position >= 0 {
+        if position < 0 {
+            return;
+        }
+        self.seen = Some(self.seen.map_or(position, |s| s.max(position)));
+        if self.next.is_none_or(|n| position > n) {
+            self.version += 1;
             self.advance_next(position);
         }
     }
 
     fn advance_next(&mut self, candidate: i64) {
-        self.next = Some(self.next.map_or(candidate, |n| n.max(candidate)));
+        let next = self.next.map_or(candidate, |n| n.max(candidate));
+        self.next = Some(next);
+        // What the previous owner's map names below the position was received since (and
+        // is tracked as any handled record), or was never a record.
+        while let Some(front) = self.prior.front_mut() {
+            if front.1 <= next {
+                self.prior_len -= (front.1 - front.0) as u64;
+                let _ = self.prior.pop_front();
+            } else {
+                if front.0 < next {
+                    self.prior_len -= (next - front.0) as u64;
+                    front.0 = next;
+                }
+                break;
+            }
+        }
+    }
+
+    fn prior_contains(&self, offset: i64) -> bool {
+        let i = self.prior.partition_point(|(_, e)| *e <= offset);
+        self.prior.get(i).is_some_and(|(s, _)| *s <= offset)
     }
 
     /// The offset that may be committed now, if any: the first outstanding offset, else the
-    /// next to read, moved past offsets already handled (listed in the previous owner's
+    /// next to read, moved past offsets already handled (named in the previous owner's
     /// metadata) so that the commit never names a handled offset as the next to dispatch.
     pub fn commit_offset(&self) -> Option<i64> {
-        let mut offset = self.outstanding.first().copied().or(self.next)?;
-        for o in self.handled_above.range(offset..) {
-            if *o != offset {
-                break;
-            }
-            offset += 1;
+        if let Some(first) = self.outstanding.first() {
+            return Some(*first);
         }
-        Some(offset)
+        let next = self.next?;
+        // The front range starts at `next` at the earliest (see `advance_next`).
+        Some(match self.prior.front() {
+            Some(&(s, e)) if s <= next => e,
+            _ => next,
+        })
     }
 
-    /// Whether the offsets handled above a gap reached [`MAX_TRACKED_ABOVE`]: the partition
-    /// should pause and start nothing but the record at the gap ([`Self::gap_head`]) until
-    /// the gap closes.
+    /// Whether [`TrackerLimits::max_above`] offsets are handled above the gap (records this
+    /// owner handled, and offsets the previous owner's map names ahead of the position): the
+    /// partition should pause and start nothing but the record at the gap
+    /// ([`Self::gap_head`]) until the gap closes. A new owner can load a full gap.
     pub fn gap_full(&self) -> bool {
-        self.handled_above.len() >= self.max_above
+        self.handled_above.len() as u64 + self.prior_len >= self.limits.max_above as u64
     }
 
-    /// Offsets handled above the commit offset, tracked now.
+    /// The gap bound: offsets handled above a gap at which it counts as full (and, so, the
+    /// most runs of the partition started and unfinished).
+    pub fn max_above(&self) -> usize {
+        self.limits.max_above
+    }
+
+    /// Whether the partition may start nothing above its gap but the record at the gap, and
+    /// why, with `in_flight` of its records in flight: the gap is full, or one more run might
+    /// not leave the commit metadata within its budget.
+    pub fn gap_hold(&self, in_flight: usize) -> Option<GapHold> {
+        if self.gap_full() {
+            Some(GapHold::Tracked)
+        } else if !self.map_fits(in_flight, 1) {
+            Some(GapHold::Metadata)
+        } else {
+            None
+        }
+    }
+
+    /// Whether `k` more records may start, with `in_flight` in flight, and every map they and
+    /// those in flight can lead to, finishing in any order, still fit the budget.
+    ///
+    /// A map's text is at most [`offset_codec::max_len`] of its span and runs. The span of
+    /// any later map is within the base and the position now (a record starts only once it
+    /// was received). Its runs: each record that finishes adds at most two (it splits a run
+    /// not handled, or extends the map past runs not handled), arrivals add none (the map
+    /// ends with its last handled offset), and the gap moving removes some. So the bit set
+    /// bound is O(1), and when it does not fit, the runs measured once (O(map)) plus two per
+    /// record in flight or started since bound every later map, until they no longer fit and
+    /// the map is measured again.
+    pub fn map_fits(&self, in_flight: usize, k: usize) -> bool {
+        let Some(&base) = self.outstanding.first() else {
+            return true;
+        };
+        let top = self
+            .next
+            .unwrap_or(base)
+            .max(self.prior.back().map_or(base, |r| r.1))
+            .max(base.saturating_add(1));
+        let span = (top - base) as u64;
+        if span > MAX_METADATA_OFFSETS as u64 + 1 {
+            return false;
+        }
+        let budget = self.limits.metadata_max_chars;
+        if offset_codec::max_len(top, None, span) <= budget {
+            return true;
+        }
+        let fits = |runs: usize| offset_codec::max_len(top, Some(runs), span) <= budget;
+        let g = self.gate.get();
+        if g.measured && fits(g.runs + 2 * (g.in_flight + g.started + k)) {
+            return true;
+        }
+        if g.failed == Some((self.version, in_flight)) {
+            return false;
+        }
+        let runs = self.runs(base).len();
+        let ok = fits(runs + 2 * (in_flight + k));
+        self.gate.set(Gate {
+            measured: true,
+            runs,
+            in_flight,
+            started: 0,
+            failed: (!ok).then_some((self.version, in_flight)),
+        });
+        ok
+    }
+
+    /// `k` records started above the gap (after [`Self::map_fits`] allowed them).
+    pub fn started(&self, k: usize) {
+        let mut g = self.gate.get();
+        g.started += k;
+        self.gate.set(g);
+    }
+
+    /// Records handled above the commit offset, tracked now.
     pub fn handled_above(&self) -> usize {
         self.handled_above.len()
     }
@@ -194,7 +412,78 @@ impl OffsetTracker {
         if self.outstanding.is_empty() {
             self.advance_next(offset);
         }
-        Some((offset, encode_metadata(offset, &self.handled_above)))
+        let runs = self.runs(offset);
+        let (metadata, cut) = offset_codec::encode(offset, &runs, self.limits.metadata_max_chars);
+        if cut {
+            self.maps_cut += 1;
+        }
+        Some((offset, metadata))
+    }
+
+    /// Commit maps cut to fit the budget so far: only a previous owner's map, written under
+    /// a larger budget, can need it (this owner's runs stop before theirs would not fit).
+    pub fn maps_cut(&self) -> u64 {
+        self.maps_cut
+    }
+
+    /// The runs of the map from `base`: alternately not handled and handled, the first not
+    /// handled and the last handled (none when nothing above `base` is handled). Offsets the
+    /// consumer never returned (below `next`, neither outstanding nor handled) join the run
+    /// before them. O(records handled above the gap + outstanding below the last of them +
+    /// the previous owner's ranges).
+    fn runs(&self, base: i64) -> Vec<u64> {
+        let next = self.next.unwrap_or(base).max(base);
+        let last_handled = self
+            .handled_above
+            .range(base..next)
+            .next_back()
+            .map(|o| o + 1)
+            .max(self.prior.back().map(|r| r.1).filter(|e| *e > next));
+        let Some(last_handled) = last_handled else {
+            return Vec::new();
+        };
+        let mut w = RunWriter {
+            start: base,
+            handled: false,
+            runs: Vec::new(),
+        };
+        // Below `next`: outstanding and handled records, in offset order.
+        let mut out = self
+            .outstanding
+            .range(base..next.min(last_handled))
+            .peekable();
+        let mut done = self.handled_above.range(base..next).peekable();
+        loop {
+            match (out.peek().copied(), done.peek().copied()) {
+                (Some(&o), Some(&h)) if o < h => {
+                    let _ = out.next();
+                    w.mark(o, false);
+                }
+                (_, Some(&h)) => {
+                    let _ = done.next();
+                    w.mark(h, true);
+                }
+                (Some(&o), None) => {
+                    let _ = out.next();
+                    w.mark(o, false);
+                }
+                (None, None) => break,
+            }
+        }
+        // At and beyond `next`: what the previous owner's map names; nothing else is handled.
+        let mut at = next;
+        for &(s, e) in &self.prior {
+            if e <= at {
+                continue;
+            }
+            let s = s.max(at);
+            if s > at {
+                w.mark(at, false);
+            }
+            w.mark(s, true);
+            at = e;
+        }
+        w.finish(last_handled)
     }
 
     /// Messages received and not handled.
@@ -203,313 +492,39 @@ impl OffsetTracker {
     }
 }
 
-/// `tk1:<offset>:<d>[-<d>],…` with deltas from `offset`; bounded by [`MAX_METADATA_BYTES`].
-fn encode_metadata(offset: i64, above: &BTreeSet<i64>) -> String {
-    if above.is_empty() {
-        return String::new();
-    }
-    let mut out = format!("{METADATA_PREFIX}{offset}:");
-    let mut iter = above.iter().map(|o| o - offset).peekable();
-    let mut first = true;
-    while let Some(start) = iter.next() {
-        let mut end = start;
-        while iter.peek() == Some(&(end + 1)) {
-            end += 1;
-            let _ = iter.next();
-        }
-        let mut item = String::new();
-        if !first {
-            item.push(',');
-        }
-        if start == end {
-            let _ = write!(item, "{start}");
-        } else {
-            let _ = write!(item, "{start}-{end}");
-        }
-        if out.len() + item.len() > MAX_METADATA_BYTES {
-            break;
-        }
-        out.push_str(&item);
-        first = false;
-    }
-    out
+/// Builds runs from offsets in order, each handled or not; offsets between two given ones
+/// join the run of the first.
+struct RunWriter {
+    start: i64,
+    handled: bool,
+    runs: Vec<u64>,
 }
 
-/// The most offsets kept from one commit's metadata: [`MAX_TRACKED_ABOVE`], plus as many
-/// again for the runs that were in flight when a tracker reached it (they still finish and
-/// are recorded), so that an owner's own metadata is read back whole for any concurrency up
-/// to 10,000. A hostile text naming a million offsets now costs about 0.4 MB, not 20.
-pub const MAX_METADATA_OFFSETS: usize = 2 * MAX_TRACKED_ABOVE;
+impl RunWriter {
+    fn mark(&mut self, offset: i64, handled: bool) {
+        if handled != self.handled {
+            self.runs.push((offset - self.start) as u64);
+            self.start = offset;
+            self.handled = handled;
+        }
+    }
 
-// A full gap stops new runs; those in flight still finish above it. What the next owner keeps
-// of the metadata holds them for every concurrency the configuration allows, so an orderly
-// handover repeats nothing.
-const _: () = assert!(MAX_TRACKED_ABOVE + crate::config::MAX_CONCURRENCY <= MAX_METADATA_OFFSETS);
-const _: () = assert!(MAX_TRACKED_ABOVE + crate::config::MAX_BATCH_RECORDS <= MAX_METADATA_OFFSETS);
-
-/// The handled offsets recorded in `metadata`, if it was written for `offset`.
-///
-/// Metadata is a hint from whoever last committed to the group, so it is validated and
-/// bounded: text that is not well formed is ignored whole, and of the offsets it names only
-/// the lowest [`MAX_METADATA_OFFSETS`] are kept. Either way at-least-once holds: an offset left
-/// out is offered to the dispatcher again, under the same idempotency key.
-pub fn parse_metadata(offset: i64, metadata: &str) -> BTreeSet<i64> {
-    parse_metadata_bounded(offset, metadata, MAX_METADATA_OFFSETS)
+    /// The runs, the last a handled one ending at `end` (a run not handled at the end is
+    /// left out: nothing above the last handled offset needs describing).
+    fn finish(mut self, end: i64) -> Vec<u64> {
+        if self.handled {
+            self.runs.push((end - self.start) as u64);
+        }
+        self.runs
+    }
 }
 
-/// [`parse_metadata`], keeping at most `limit` offsets.
-fn parse_metadata_bounded(offset: i64, metadata: &str, limit: usize) -> BTreeSet<i64> {
-    let mut set = BTreeSet::new();
-    let Some(rest) = metadata.strip_prefix(METADATA_PREFIX) else {
-        return set;
-    };
-    let Some((base, list)) = rest.split_once(':') else {
-        return set;
-    };
-    if base.parse::<i64>().ok() != Some(offset) {
-        return set;
-    }
-    // Metadata is untrusted text: ranges must ascend and not overlap, and no arithmetic on
-    // it can overflow.
-    let mut last: i64 = 0;
-    for item in list.split(',').filter(|i| !i.is_empty()) {
-        let (a, b) = item.split_once('-').unwrap_or((item, item));
-        let (Ok(a), Ok(b)) = (a.parse::<i64>(), b.parse::<i64>()) else {
-            return BTreeSet::new();
-        };
-        if a <= last || b < a || offset.checked_add(b).is_none() {
-            return BTreeSet::new();
-        }
-        last = b;
-        let room = limit - set.len();
-        if room > 0 {
-            // `b - a` is at most i64::MAX - 1 here (1 <= a <= b), so the count fits in u64.
-            let n = usize::try_from(b - a).map_or(room, |d| d.saturating_add(1).min(room));
-            set.extend((a..).take(n).map(|d| offset + d));
-        }
-    }
-    set
+/// The handled offsets `metadata` names above the commit offset `offset` (none when it is
+/// not a map of that offset), for tools and tests.
+pub fn parse_metadata(offset: i64, metadata: &str) -> HandledRanges {
+    offset_codec::decode(offset, metadata).unwrap_or_default()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accepted_offsets_above_a_gap_survive_a_restart() {
-        let mut t = OffsetTracker::default();
-        for o in 10..20 {
-            assert_eq!(t.received(o), Received::Dispatch);
-        }
-        for o in [11, 12, 13, 15, 19] {
-            t.handled(o);
-        }
-        let (offset, metadata) = t.take_new_commit().unwrap();
-        assert_eq!(offset, 10);
-        assert_eq!(metadata, "tk1:10:1-3,5,9");
-        // The next owner reads the commit back.
-        let mut next = OffsetTracker::from_committed(Some(offset), &metadata);
-        assert_eq!(next.take_new_commit(), None);
-        let got: Vec<Received> = (10..20).map(|o| next.received(o)).collect();
-        assert_eq!(
-            got.iter()
-                .filter(|r| **r == Received::AlreadyAccepted)
-                .count(),
-            5
-        );
-        assert_eq!(next.commit_offset(), Some(10));
-        next.handled(10);
-        assert_eq!(next.take_new_commit(), Some((14, "tk1:14:1,5".to_owned())));
-        for o in [14, 16, 17, 18] {
-            next.handled(o);
-        }
-        assert_eq!(next.take_new_commit(), Some((20, String::new())));
-    }
-
-    #[test]
-    fn a_handled_offset_equal_to_the_commit_offset_is_not_dispatched_again() {
-        // The previous owner handled 101-103 above a gap at 100.
-        let mut t = OffsetTracker::from_committed(Some(100), "tk1:100:1-3");
-        assert_eq!(t.received(100), Received::Dispatch);
-        t.handled(100);
-        assert_eq!(t.take_new_commit(), Some((104, String::new())));
-        for o in 101..=103 {
-            assert_eq!(t.received(o), Received::AlreadyAccepted, "offset {o}");
-        }
-        assert_eq!(t.received(104), Received::Dispatch);
-    }
-
-    #[test]
-    fn a_message_delivered_twice_is_dispatched_once() {
-        let mut t = OffsetTracker::default();
-        for o in 0..5 {
-            assert_eq!(t.received(o), Received::Dispatch);
-        }
-        t.handled(0);
-        t.handled(1);
-        let _ = t.take_new_commit();
-        // librdkafka returns 0..5 again (a fetch restarted from an older position).
-        assert_eq!(t.received(0), Received::AlreadyAccepted);
-        assert_eq!(t.received(1), Received::AlreadyAccepted);
-        assert_eq!(t.received(2), Received::AlreadyReceived);
-        t.handled(3);
-        assert_eq!(t.received(3), Received::AlreadyAccepted);
-        assert_eq!(t.received(5), Received::Dispatch);
-        assert_eq!(t.outstanding(), 3, "2, 4 and 5");
-    }
-
-    #[test]
-    fn offsets_tracked_above_a_gap_are_bounded() {
-        let mut t = OffsetTracker::default();
-        let _ = t.received(0); // parked
-        let mut o = 1;
-        while !t.gap_full() {
-            let _ = t.received(o);
-            t.handled(o);
-            o += 1;
-        }
-        assert_eq!(o as usize, MAX_TRACKED_ABOVE + 1);
-        let (offset, metadata) = t.take_new_commit().unwrap();
-        assert_eq!(offset, 0);
-        // Consecutive offsets encode as one range: the metadata describes all of them.
-        assert_eq!(metadata, format!("tk1:0:1-{MAX_TRACKED_ABOVE}"));
-        assert_eq!(
-            parse_metadata(0, &metadata).len(),
-            MAX_TRACKED_ABOVE,
-            "never dropped whole"
-        );
-        t.handled(0);
-        assert!(!t.gap_full());
-        assert_eq!(t.take_new_commit(), Some((o, String::new())));
-    }
-
-    #[test]
-    fn metadata_for_another_offset_or_garbage_is_ignored() {
-        assert!(parse_metadata(5, "tk1:4:1").is_empty());
-        assert!(parse_metadata(5, "something else").is_empty());
-        assert!(parse_metadata(5, "tk1:5:x").is_empty());
-        assert!(parse_metadata(5, "tk1:5:0").is_empty());
-        assert_eq!(
-            parse_metadata(5, "tk1:5:2-4")
-                .into_iter()
-                .collect::<Vec<_>>(),
-            vec![7, 8, 9]
-        );
-    }
-
-    #[test]
-    fn hostile_metadata_is_cut_to_the_tracking_bound_or_ignored() {
-        // Fifteen bytes naming a million offsets: only the lowest MAX_METADATA_OFFSETS kept.
-        let kept = parse_metadata(1, "tk1:1:1-999999");
-        assert_eq!(kept.len(), MAX_METADATA_OFFSETS);
-        assert_eq!(kept.first(), Some(&2));
-        assert_eq!(kept.last(), Some(&(1 + MAX_METADATA_OFFSETS as i64)));
-        // Many ranges: still the bound, and the lowest ones.
-        let many: Vec<String> = (0..30_000).map(|i| format!("{}", 2 * i + 1)).collect();
-        let kept = parse_metadata(0, &format!("tk1:0:{}", many.join(",")));
-        assert_eq!(kept.len(), MAX_METADATA_OFFSETS);
-        assert_eq!(kept.last(), Some(&(2 * MAX_METADATA_OFFSETS as i64 - 1)));
-        // Ranges out of order, overlapping, or past i64: ignored whole.
-        assert!(parse_metadata(0, "tk1:0:5,3").is_empty());
-        assert!(parse_metadata(0, "tk1:0:1-5,5-9").is_empty());
-        assert!(parse_metadata(10, &format!("tk1:10:1-{}", i64::MAX)).is_empty());
-        assert_eq!(
-            parse_metadata(0, &format!("tk1:0:1-{}", i64::MAX)).len(),
-            MAX_METADATA_OFFSETS
-        );
-        // An owner's own metadata at the bound, with the runs in flight then, is read whole.
-        let own = format!("tk1:0:1-{}", MAX_TRACKED_ABOVE + 64);
-        assert_eq!(parse_metadata(0, &own).len(), MAX_TRACKED_ABOVE + 64);
-    }
-
-    #[test]
-    fn a_tracker_loaded_with_a_full_gap_names_the_record_at_the_gap() {
-        let mut t = OffsetTracker::from_committed(Some(0), &format!("tk1:0:1-{MAX_TRACKED_ABOVE}"));
-        assert!(t.gap_full());
-        assert_eq!(t.gap_head(), None, "nothing received yet");
-        assert_eq!(t.received(0), Received::Dispatch);
-        assert_eq!(t.received(1), Received::AlreadyAccepted);
-        assert_eq!(t.gap_head(), Some(0));
-        t.handled(0);
-        assert!(!t.gap_full(), "handling the record at the gap closes it");
-        assert_eq!(t.commit_offset(), Some(MAX_TRACKED_ABOVE as i64 + 1));
-    }
-
-    #[test]
-    fn metadata_is_bounded() {
-        let above: BTreeSet<i64> = (0..5000).map(|i| 100 + 2 * i + 1).collect();
-        let m = encode_metadata(100, &above);
-        assert!(m.len() <= MAX_METADATA_BYTES);
-        let back = parse_metadata(100, &m);
-        assert!(!back.is_empty() && back.iter().all(|o| above.contains(o)));
-    }
-
-    #[test]
-    fn commit_offset_stops_at_the_first_gap() {
-        let mut t = OffsetTracker::default();
-        assert_eq!(t.commit_offset(), None);
-        for o in 10..15 {
-            let _ = t.received(o);
-        }
-        assert_eq!(t.commit_offset(), Some(10));
-        t.handled(11);
-        t.handled(12);
-        assert_eq!(t.take_new_commit(), Some((10, "tk1:10:1-2".to_owned())));
-        assert_eq!(t.take_new_commit(), None);
-        t.handled(10);
-        assert_eq!(t.take_new_commit(), Some((13, String::new())));
-        t.handled(14);
-        assert_eq!(t.commit_offset(), Some(13));
-        t.handled(13);
-        assert_eq!(t.take_new_commit(), Some((15, String::new())));
-        assert_eq!(t.outstanding(), 0);
-    }
-
-    #[test]
-    fn position_moves_past_control_records_only_when_nothing_is_outstanding() {
-        let mut t = OffsetTracker::default();
-        let _ = t.received(0);
-        let _ = t.received(1);
-        t.position(3); // commit marker at 2
-        assert_eq!(t.commit_offset(), Some(0));
-        t.handled(0);
-        t.handled(1);
-        assert_eq!(t.commit_offset(), Some(3));
-        t.position(-1001); // invalid positions are ignored
-        t.position(2); // never goes back
-        assert_eq!(t.commit_offset(), Some(3));
-    }
-
-    #[test]
-    fn never_commits_past_an_outstanding_offset_in_any_order() {
-        // Every order of handling 5 messages: the commit offset never passes an outstanding one.
-        let offsets = [0i64, 1, 2, 3, 4];
-        let mut perms: Vec<Vec<i64>> = vec![vec![]];
-        for _ in 0..offsets.len() {
-            let mut next = Vec::new();
-            for p in &perms {
-                for o in offsets.iter().filter(|o| !p.contains(o)) {
-                    let mut q = p.clone();
-                    q.push(*o);
-                    next.push(q);
-                }
-            }
-            perms = next;
-        }
-        assert_eq!(perms.len(), 120);
-        for order in perms {
-            let mut t = OffsetTracker::default();
-            offsets.iter().for_each(|o| {
-                let _ = t.received(*o);
-            });
-            let mut done = BTreeSet::new();
-            for o in order {
-                t.handled(o);
-                let _ = done.insert(o);
-                let c = t.commit_offset().unwrap();
-                assert!((0..c).all(|x| done.contains(&x)));
-            }
-            assert_eq!(t.commit_offset(), Some(5));
-        }
-    }
-}
+#[path = "offsets_tests.rs"]
+mod tests;

@@ -12,11 +12,12 @@
 //! visited, and commit metadata is encoded when a commit goes out, not per handled message.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::Ordering;
 use crate::core::batch::BatchLimits;
-use crate::core::offsets::{OffsetTracker, Received};
+use crate::core::offsets::{GapHold, OffsetTracker, Received, TrackerLimits};
 use crate::core::scheduler::PartitionQueue;
 use crate::core::shell::{AssignmentId, Record, RunSignal, Shell};
 use crate::core::AssignedPartition;
@@ -66,6 +67,9 @@ pub struct Limits {
     /// Offsets handled above a gap at which a partition pauses
     /// ([`MAX_TRACKED_ABOVE`](crate::core::offsets::MAX_TRACKED_ABOVE)).
     pub max_tracked_above: usize,
+    /// The longest commit metadata, in characters (`commit_metadata_max_bytes`): a partition
+    /// whose map might outgrow it pauses like one whose gap is full.
+    pub metadata_max_chars: usize,
 }
 
 /// One owned partition.
@@ -77,6 +81,12 @@ pub struct Partition<S: Shell> {
     pub trigger: TriggerSlot<S>,
     /// Which assignment of the partition this is.
     pub generation: u64,
+    /// Its topic's id (KIP-516), where the cluster has them: part of its records'
+    /// idempotency keys, so a topic created again under the same name is a new log.
+    pub topic_id: Option<Arc<str>>,
+    /// The log it reads is not identified yet: nothing of it starts or is committed until
+    /// [`PartitionSet::verify_topic_id`] says which topic it is.
+    pub unverified: Option<Unverified>,
     /// Waiting messages and keys in flight.
     pub queue: PartitionQueue<S::Record>,
     /// Which offsets are handled, and so what may be committed.
@@ -89,8 +99,8 @@ pub struct Partition<S: Shell> {
     pub(super) position_reset: bool,
     /// The group's committed offset when the partition was assigned.
     pub(super) start: Option<i64>,
-    /// Paused in the consumer by this set.
-    pub paused: bool,
+    /// Paused in the consumer by this set, and why (None: flowing).
+    pub paused: Option<PauseReason>,
     pub(super) buffered_bytes: usize,
     /// When the commit offset last moved (or the partition last had no backlog); offsets
     /// handled above a held record do not count.
@@ -99,6 +109,8 @@ pub struct Partition<S: Shell> {
     pub stalled: Option<String>,
     /// Being revoked: nothing new starts.
     pub(super) revoking: bool,
+    /// New runs wait: the broker refuses this partition's own commits.
+    pub(super) commit_refused: bool,
     /// Batch triggers: key and value bytes of the waiting records.
     pub(super) batch_bytes: usize,
     /// Batch triggers: since when the first waiting record waits (set when the partition is
@@ -112,10 +124,56 @@ pub struct Partition<S: Shell> {
 }
 
 impl<S: Shell> Partition<S> {
+    /// Bytes of its waiting messages (what it holds of the connection's budget).
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffered_bytes
+    }
+
     /// Messages waiting or in flight.
     pub fn backlog(&self) -> usize {
         self.queue.waiting() + self.queue.in_flight()
     }
+
+    /// New runs wait because the broker refuses this partition's own commits.
+    pub fn commit_refused(&self) -> bool {
+        self.commit_refused
+    }
+}
+
+/// Why the partition set paused a partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PauseReason {
+    /// Its own buffer holds `per_partition` waiting messages.
+    Buffer,
+    /// The connection holds half its byte budget or more, and this partition more than half
+    /// its fair share of it (the budget divided by the partitions owned).
+    Budget,
+    /// The offsets handled above its gap reached their bound.
+    Gap,
+    /// The commit metadata describing the offsets handled above its gap might outgrow its
+    /// budget (`commit_metadata_max_bytes`) with one more run.
+    Metadata,
+}
+
+impl PauseReason {
+    /// A short label (metrics, health).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Buffer => "buffer",
+            Self::Budget => "budget",
+            Self::Gap => "gap",
+            Self::Metadata => "metadata",
+        }
+    }
+}
+
+/// Why a partition's log is not identified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unverified {
+    /// Its position moved back: its bookkeeping started again from there.
+    MovedBack,
+    /// librdkafka hinted that a topic was deleted or created again.
+    Hint,
 }
 
 /// What a message's arrival meant.
@@ -123,10 +181,20 @@ impl<S: Shell> Partition<S> {
 pub enum Arrival<R> {
     /// Queued to run.
     Queued(PartitionId),
-    /// Handled already (by this owner or, per the commit metadata, the previous one).
+    /// Handled already, per the previous owner's commit metadata.
     AlreadyAccepted(PartitionId),
-    /// Waiting or in flight already: delivered twice by the consumer.
-    AlreadyReceived(PartitionId),
+    /// Below what the assignment already received: the consumer's position moved back (see
+    /// [`Received::MovedBack`]). The partition's bookkeeping started again from this record,
+    /// which is queued: what was waiting was dropped and the runs in flight abandoned, and
+    /// every record from here on runs (again).
+    MovedBack {
+        /// The partition (its new assignment).
+        id: PartitionId,
+        /// The offset the assignment expected next.
+        expected: i64,
+        /// The record's offset.
+        offset: i64,
+    },
     /// Its partition is not owned: the message, given back (for the log).
     NotAssigned(R),
 }
@@ -140,6 +208,8 @@ pub struct Start<S: Shell> {
     pub id: PartitionId,
     /// Its partition's assignment.
     pub generation: u64,
+    /// Its topic's id, where the cluster has them (see [`Partition::topic_id`]).
+    pub topic_id: Option<Arc<str>>,
     /// Its key (for ordering, given back on completion).
     pub key: Option<Vec<u8>>,
     /// The message (a batch's first).
@@ -200,7 +270,7 @@ pub struct PartitionSet<S: Shell> {
     /// Partitions whose commit offset may have moved since commits were last taken.
     commit_pending: Vec<PartitionId>,
     buffered_bytes: usize,
-    /// Whether the byte budget was exceeded at the last check.
+    /// Whether the byte budget was pressed (half of it held or more) at the last check.
     global_full: bool,
     /// New runs wait (the broker refuses commits).
     holding: bool,
@@ -271,7 +341,7 @@ impl<S: Shell> PartitionSet<S> {
 
     /// How many owned partitions are paused.
     pub fn paused_count(&self) -> usize {
-        self.iter().filter(|p| p.paused).count()
+        self.iter().filter(|p| p.paused.is_some()).count()
     }
 
     /// Bytes of waiting messages, all partitions together.
@@ -328,19 +398,25 @@ impl<S: Shell> PartitionSet<S> {
             }),
             trigger,
             generation: self.generation,
-            tracker: OffsetTracker::from_committed_bounded(
+            topic_id: a.topic_id,
+            unverified: None,
+            tracker: OffsetTracker::from_committed_with(
                 a.committed,
                 &a.metadata,
-                self.limits.max_tracked_above,
+                TrackerLimits {
+                    max_above: self.limits.max_tracked_above,
+                    metadata_max_chars: self.limits.metadata_max_chars,
+                },
             ),
             received_any: false,
             position_reset: false,
             start: a.committed,
-            paused: false,
+            paused: None,
             buffered_bytes: 0,
             last_progress: now,
             stalled: None,
             revoking: false,
+            commit_refused: false,
             batch_bytes: 0,
             batch_since: None,
             batch_timer: false,
@@ -362,6 +438,90 @@ impl<S: Shell> PartitionSet<S> {
         let _ = self.index.entry(topic).or_default().insert(partition, id);
     }
 
+    /// The partition in slot `id` reads a log other than the one its bookkeeping describes
+    /// (its topic was deleted and created again: `topic_id` is the new one; or its position
+    /// moved back): it starts again as a new assignment with nothing committed, keeping its
+    /// trigger and its pause (the consumer still has it paused; the next round decides). Its
+    /// waiting records are dropped and its runs abandoned: their outcome says nothing of the
+    /// new log. Returns its new slot.
+    pub fn restart_log(
+        &mut self,
+        id: PartitionId,
+        topic_id: Option<Arc<str>>,
+    ) -> Option<PartitionId> {
+        let old = self.get(id)?;
+        let (tp, trigger, paused, last_progress) = (
+            old.tp.clone(),
+            old.trigger.clone(),
+            old.paused,
+            old.last_progress,
+        );
+        let a = AssignedPartition {
+            tp: tp.clone(),
+            committed: None,
+            metadata: String::new(),
+            topic_id,
+        };
+        self.assign(a, trigger, last_progress);
+        let id = self.id_of(&tp.topic, tp.partition)?;
+        let p = self.slots[id.0 as usize].as_mut()?;
+        p.paused = paused;
+        Self::mark_dirty(&mut self.dirty, p, id);
+        Some(id)
+    }
+
+    /// The shell read `tp`'s topic id: `topic_id` (None: the cluster has no ids, or it
+    /// could not be read). A partition whose position moved back takes it and may start
+    /// runs; one whose topic now has another id reads a new log ([`Self::restart_log`]), and
+    /// true is returned: the consumer must move to where `auto.offset.reset` says.
+    pub fn verify_topic_id(&mut self, tp: &TopicPartition, topic_id: Option<Arc<str>>) -> bool {
+        let Some(id) = self.id_of(&tp.topic, tp.partition) else {
+            return false;
+        };
+        let Some(p) = self.slots[id.0 as usize].as_mut() else {
+            return false;
+        };
+        if p.unverified.take().is_some() {
+            Self::mark_dirty(&mut self.dirty, p, id);
+            Self::mark_commit_changed(&mut self.commit_pending, p, id);
+        }
+        match (&p.topic_id, &topic_id) {
+            // Another topic now (created again, perhaps more than once, since the partition
+            // was assigned): what it holds, even from a position that moved back since, may
+            // be an older log's. It starts again, read from where auto.offset.reset says.
+            (Some(old), Some(new)) if old != new => {
+                let _ = self.restart_log(id, topic_id);
+                true
+            }
+            // The same log: its position moved back within it, or the hint was for another
+            // topic. With no id to compare (none read at assignment), the new one is taken.
+            (None, Some(_)) => {
+                p.topic_id = topic_id;
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// librdkafka hinted that a topic may have been deleted or created again: every
+    /// partition runs and commits nothing until its topic's id is read again
+    /// ([`Self::verify_topic_id`]), so nothing read from a new log runs under the old topic's
+    /// keys or moves the group's offsets.
+    pub fn suspect_topics(&mut self) {
+        for p in self.slots.iter_mut().flatten() {
+            if p.unverified.is_none() {
+                p.unverified = Some(Unverified::Hint);
+            }
+        }
+    }
+
+    /// Partitions whose log is not identified yet (their position moved back).
+    pub fn unverified(&self) -> impl Iterator<Item = &TopicPartition> {
+        self.iter()
+            .filter(|p| p.unverified.is_some())
+            .map(|p| &p.tp)
+    }
+
     /// A message arrived from the consumer.
     pub fn on_message(&mut self, msg: S::Record) -> Arrival<S::Record> {
         let Some(id) = self.id_of(msg.topic(), msg.partition()) else {
@@ -378,7 +538,24 @@ impl<S: Shell> PartitionSet<S> {
                 Self::mark_commit_changed(&mut self.commit_pending, p, id);
                 return Arrival::AlreadyAccepted(id);
             }
-            Received::AlreadyReceived => return Arrival::AlreadyReceived(id),
+            Received::MovedBack { expected } => {
+                let topic_id = p.topic_id.clone();
+                let offset = msg.offset();
+                let Some(id) = self.restart_log(id, topic_id) else {
+                    return Arrival::NotAssigned(msg);
+                };
+                // The log may be another topic's of the same name (deleted and created
+                // again): its records must not run under the old topic's idempotency keys.
+                if let Some(p) = self.slots[id.0 as usize].as_mut() {
+                    p.unverified = Some(Unverified::MovedBack);
+                }
+                let _ = self.on_message(msg);
+                return Arrival::MovedBack {
+                    id,
+                    expected,
+                    offset,
+                };
+            }
         }
         let bytes = msg_bytes(&msg);
         p.buffered_bytes += bytes;
@@ -434,10 +611,21 @@ impl<S: Shell> PartitionSet<S> {
         key: &Option<Vec<u8>>,
         records: &[(i64, bool)],
     ) -> Option<usize> {
-        let p = self.slots.get_mut(id.0 as usize)?.as_mut()?;
-        if p.generation != generation {
+        let current = self
+            .slots
+            .get(id.0 as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|p| p.generation == generation);
+        if !current {
+            // A run of an earlier assignment (revoked, or its log started again) ended: its
+            // permit came free, for whichever trigger it held one of. Rare: every trigger's
+            // starved partitions may try again.
+            for index in 0..self.starved.len() {
+                self.wake_starved(index);
+            }
             return None;
         }
+        let p = self.slots.get_mut(id.0 as usize)?.as_mut()?;
         let mut any = false;
         for &(offset, handled) in records {
             p.queue.finished(key);
@@ -453,6 +641,48 @@ impl<S: Shell> PartitionSet<S> {
         let trigger = p.trigger.index;
         self.wake_starved(trigger);
         Some(trigger)
+    }
+
+    /// Records of a run started by [`Start`] come back without an outcome: the run ended
+    /// outside a revoke or stop without handling them (its task panicked outside an
+    /// attempt, say). Unless the partition is draining they wait again at the head of their
+    /// key, which stays held, and start again; otherwise they are dropped like other waiting
+    /// records. Call before [`Self::on_run_finished`] for the run's other records. False for
+    /// a run of an earlier assignment.
+    pub fn on_run_returned(
+        &mut self,
+        id: PartitionId,
+        generation: u64,
+        key: &Option<Vec<u8>>,
+        records: Vec<S::Record>,
+    ) -> bool {
+        let Some(Some(p)) = self.slots.get_mut(id.0 as usize) else {
+            return false;
+        };
+        if p.generation != generation {
+            return false;
+        }
+        // Last first: each goes to the head.
+        for msg in records.into_iter().rev() {
+            if p.revoking {
+                p.queue.finished(key);
+                continue;
+            }
+            let bytes = msg_bytes(&msg);
+            p.buffered_bytes += bytes;
+            self.buffered_bytes += bytes;
+            if p.trigger.batch.is_some() {
+                p.batch_bytes += raw_bytes(&msg);
+            }
+            // A batch holds no key: each record goes back under its own.
+            let k = match key {
+                Some(_) => key.clone(),
+                None => msg.key().map(<[u8]>::to_vec),
+            };
+            p.queue.requeue(k, msg);
+        }
+        Self::mark_dirty(&mut self.dirty, p, id);
+        true
     }
 
     /// When a batch trigger's partition next needs processing for `max_wait`.
@@ -474,6 +704,11 @@ impl<S: Shell> PartitionSet<S> {
         }
     }
 
+    /// Whether new runs wait because the broker refuses the connection's commits.
+    pub fn holding(&self) -> bool {
+        self.holding
+    }
+
     /// New runs wait while `holding` (the broker refuses commits); when the hold ends every
     /// partition may start messages again.
     pub fn set_holding(&mut self, holding: bool) {
@@ -481,6 +716,17 @@ impl<S: Shell> PartitionSet<S> {
             self.mark_all_dirty();
         }
         self.holding = holding;
+    }
+
+    /// New runs of `tp` wait while `hold` (the broker refuses its own commits).
+    pub fn set_partition_hold(&mut self, tp: &TopicPartition, hold: bool) {
+        let Some(id) = self.id_of(&tp.topic, tp.partition) else {
+            return;
+        };
+        if let Some(p) = self.slots[id.0 as usize].as_mut() {
+            p.commit_refused = hold;
+            Self::mark_dirty(&mut self.dirty, p, id);
+        }
     }
 
     /// Batch triggers: before `tps` (None: every partition) are revoked or drained, each of
@@ -508,7 +754,10 @@ impl<S: Shell> PartitionSet<S> {
             let Some(Some(p)) = self.slots.get_mut(id.0 as usize) else {
                 continue;
             };
-            if p.trigger.batch.is_none() || p.revoking {
+            // Nothing starts of a log not identified, nor of a partition whose commits the
+            // broker refuses, here as anywhere.
+            if p.trigger.batch.is_none() || p.revoking || p.unverified.is_some() || p.commit_refused
+            {
                 continue;
             }
             // Due now, whatever the bounds say.
@@ -583,6 +832,10 @@ impl<S: Shell> PartitionSet<S> {
     pub fn final_commit(&mut self, tp: &TopicPartition) -> Option<(i64, String)> {
         let id = self.id_of(&tp.topic, tp.partition)?;
         let p = self.get_mut(id)?;
+        // A log not identified may be a new topic's: its offsets are not committed.
+        if p.unverified.is_some() {
+            return None;
+        }
         let _ = p.tracker.take_new_commit();
         p.tracker.commit()
     }
@@ -637,6 +890,11 @@ impl<S: Shell> PartitionSet<S> {
             let Some(Some(p)) = self.slots.get_mut(id.0 as usize) else {
                 continue;
             };
+            if p.unverified.is_some() {
+                // Committed once its log is identified (verify_topic_id marks it again).
+                p.commit_changed = false;
+                continue;
+            }
             p.commit_changed = false;
             let before = p.tracker.stored_offset();
             if let Some((offset, metadata)) = p.tracker.take_new_commit() {
@@ -671,10 +929,16 @@ impl<S: Shell> PartitionSet<S> {
                 false
             });
         }
-        // Full at the budget, and again not full only at half of it.
-        let full = if self.buffered_bytes >= self.limits.max_bytes {
+        // The budget is pressed from half of it on, and again not pressed only at a quarter.
+        // While pressed, a partition holding more than half of its fair share (the budget
+        // divided by the partitions owned) pauses and the others keep flowing: a partition
+        // whose records wait behind a parked key never holds the budget against the rest.
+        // Those flowing stay below half their share, half the budget together, and those
+        // paused hold what they had when it became pressed (about half), so the connection
+        // holds at most the budget (plus what reaches it before a pause takes effect).
+        let full = if self.buffered_bytes >= self.limits.max_bytes / 2 {
             true
-        } else if self.buffered_bytes <= self.limits.max_bytes / 2 {
+        } else if self.buffered_bytes <= self.limits.max_bytes / 4 {
             false
         } else {
             self.global_full
@@ -685,6 +949,7 @@ impl<S: Shell> PartitionSet<S> {
             self.mark_all_dirty();
         }
         let per_partition = self.limits.per_partition;
+        let share = self.limits.max_bytes / self.len().max(1);
         let mut dirty = std::mem::take(&mut self.dirty);
         for id in dirty.drain(..) {
             let Some(Some(p)) = self.slots.get_mut(id.0 as usize) else {
@@ -692,10 +957,15 @@ impl<S: Shell> PartitionSet<S> {
             };
             p.dirty = false;
             // Memory is short (the partition's buffer or the connection's byte budget is
-            // full): a batch trigger sends what waits rather than wait for more.
-            let pressed = full || p.queue.waiting() >= per_partition || p.tracker.gap_full();
+            // full), or the gap is (a batch would be the record at the gap alone whatever
+            // else came): a batch trigger sends what waits rather than wait for more.
+            let pressed = full
+                || p.queue.waiting() >= per_partition
+                || p.tracker.gap_hold(p.queue.in_flight()).is_some();
             if !p.revoking
                 && !self.holding
+                && p.unverified.is_none()
+                && !p.commit_refused
                 && start_ready(
                     p,
                     id,
@@ -714,16 +984,41 @@ impl<S: Shell> PartitionSet<S> {
                 continue;
             }
             let waiting = p.queue.waiting();
-            // A full gap pauses only once the record at the gap was received: a new owner
-            // can load a full gap from the commit metadata before it fetched anything, and
-            // pausing then would keep that record from ever arriving.
-            let gap_full = p.tracker.gap_full() && p.tracker.gap_head().is_some();
-            if !p.paused && (waiting >= per_partition || (full && waiting > 0) || gap_full) {
-                p.paused = true;
-                out.pause.push(p.tp.clone());
-            } else if p.paused && waiting <= per_partition / 2 && !full && !gap_full {
-                p.paused = false;
-                out.resume.push(p.tp.clone());
+            // A full gap (or a commit map at its budget) pauses only once the record at the
+            // gap was received: a new owner can load a full gap from the commit metadata
+            // before it fetched anything, and pausing then would keep that record from ever
+            // arriving.
+            let gap_hold = match p.tracker.gap_head() {
+                Some(_) => p.tracker.gap_hold(p.queue.in_flight()),
+                None => None,
+            };
+            let holds_budget = full && waiting > 0 && p.buffered_bytes > share / 2;
+            let reason = if gap_hold == Some(GapHold::Tracked) {
+                Some(PauseReason::Gap)
+            } else if gap_hold == Some(GapHold::Metadata) {
+                Some(PauseReason::Metadata)
+            } else if waiting >= per_partition {
+                Some(PauseReason::Buffer)
+            } else if holds_budget {
+                Some(PauseReason::Budget)
+            } else {
+                None
+            };
+            match (p.paused, reason) {
+                (None, Some(r)) => {
+                    p.paused = Some(r);
+                    out.pause.push(p.tp.clone());
+                }
+                (Some(_), Some(r)) => p.paused = Some(r),
+                (Some(_), None) => {
+                    // Resumed only once well below what paused it, so it does not flap.
+                    let budget_ok = !full || p.buffered_bytes <= share / 4;
+                    if waiting <= per_partition / 2 && budget_ok {
+                        p.paused = None;
+                        out.resume.push(p.tp.clone());
+                    }
+                }
+                (None, None) => {}
             }
         }
         // Keep the vector's capacity for the next round.

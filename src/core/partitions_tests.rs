@@ -34,6 +34,7 @@ fn assigned(p: i32, committed: Option<i64>, metadata: &str) -> AssignedPartition
         tp: tp(p),
         committed,
         metadata: metadata.into(),
+        topic_id: None,
     }
 }
 
@@ -42,6 +43,7 @@ fn set(per_partition: usize, max_bytes: usize) -> PartitionSet<TestShell> {
         per_partition,
         max_bytes,
         max_tracked_above: crate::core::offsets::MAX_TRACKED_ABOVE,
+        metadata_max_chars: crate::core::offsets::DEFAULT_METADATA_MAX_CHARS,
     })
 }
 
@@ -88,11 +90,15 @@ fn an_offset_is_committed_only_once_its_run_and_every_earlier_one_is_handled() {
     let first = starts.pop().unwrap();
     finish(&mut s, third, true);
     // Offset 2 is handled above the gap at 0: the commit stays at 0 and names 2.
-    assert_eq!(commits(&mut s), vec![(0, 0, "tk1:0:2".to_owned())]);
+    let c = commits(&mut s);
+    assert_eq!((c.len(), c[0].0, c[0].1), (1, 0, 0));
+    assert_eq!(named(0, &c[0].2), vec![2]);
     finish(&mut s, second, false);
     assert!(commits(&mut s).is_empty(), "an abandoned run moves nothing");
     finish(&mut s, first, true);
-    assert_eq!(commits(&mut s), vec![(0, 1, "tk1:1:1".to_owned())]);
+    let c = commits(&mut s);
+    assert_eq!((c.len(), c[0].0, c[0].1), (1, 0, 1));
+    assert_eq!(named(1, &c[0].2), vec![2]);
     assert!(!s.commits_pending());
 }
 
@@ -155,7 +161,7 @@ fn a_revoked_partition_drops_its_waiting_messages_and_a_new_assignment_starts_af
         Instant::now(),
     );
     let p = s.by_tp(&tp(0)).unwrap();
-    assert!(!p.paused);
+    assert!(p.paused.is_none());
     assert_ne!(p.generation, in_flight.generation);
     assert_eq!(p.backlog(), 0);
     // A completion of the earlier assignment changes nothing.
@@ -207,7 +213,7 @@ fn a_full_partition_pauses_and_resumes_at_half() {
     }
     let out = process(&mut s);
     assert_eq!(out.pause, vec![tp(0)]);
-    assert!(s.by_tp(&tp(0)).unwrap().paused);
+    assert!(s.by_tp(&tp(0)).unwrap().paused.is_some());
     let mut run = out.starts.into_iter().next().unwrap();
     // 5 waiting, then 4, 3, 2: resumed when 2 (half of 4) are left.
     for left in [4, 3, 2] {
@@ -222,9 +228,9 @@ fn a_full_partition_pauses_and_resumes_at_half() {
 
 #[test]
 fn the_byte_budget_pauses_every_partition_with_waiting_messages() {
-    // Room for 3 messages.
+    // Room for 6 messages, pressed from 3 on; a fair share of 3 each.
     let each = msg_bytes(&msg(0, 0, "a"));
-    let mut s = set(100, 3 * each);
+    let mut s = set(100, 6 * each);
     for p in 0..2 {
         s.assign(
             assigned(p, Some(0), ""),
@@ -236,17 +242,117 @@ fn the_byte_budget_pauses_every_partition_with_waiting_messages() {
     let _ = s.on_message(msg(0, 1, "a"));
     assert!(process(&mut s).pause.is_empty());
     let _ = s.on_message(msg(1, 0, "a"));
+    let _ = s.on_message(msg(1, 1, "a"));
     let out = process(&mut s);
     let mut paused = out.pause.clone();
     paused.sort_by_key(|t| t.partition);
     assert_eq!(paused, vec![tp(0), tp(1)]);
-    // Dropping partition 1's message leaves two, not below half the budget.
+    // Dropping partition 1's messages leaves two, not down to a quarter of the budget.
     s.begin_revoke(&[tp(1)], false);
     assert!(process(&mut s).resume.is_empty());
     let _ = s.remove(&tp(1));
     s.begin_revoke(&[tp(0)], false);
     let _ = s.remove(&tp(0));
     assert_eq!(s.buffered_bytes(), 0);
+}
+
+/// Whatever arrives, the connection holds at most its byte budget, plus what arrives for a
+/// partition between its pause decision and the next round: each partition receives in
+/// bursts (a fetch's worth), rounds decide after each burst.
+#[test]
+fn the_connection_holds_at_most_its_byte_budget_under_any_arrival_order() {
+    let each = msg_bytes(&msg(0, 0, "a"));
+    let budget = 64 * each;
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    for _ in 0..200 {
+        let partitions = 1 + next(8) as i32;
+        let mut s = set(1000, budget);
+        for p in 0..partitions {
+            s.assign(
+                assigned(p, Some(0), ""),
+                trigger(0, Ordering::Key),
+                Instant::now(),
+            );
+        }
+        let mut offsets = vec![0i64; partitions as usize];
+        let mut paused = vec![false; partitions as usize];
+        for _ in 0..400 {
+            let p = next(partitions as u64) as i32;
+            if paused[p as usize] {
+                continue;
+            }
+            // One record per arrival and a round after each: what reaches the core after a
+            // pause is the shell's to bound.
+            let o = offsets[p as usize];
+            offsets[p as usize] += 1;
+            let _ = s.on_message(msg(p, o, "a"));
+            let out = process(&mut s);
+            for t in out.pause {
+                paused[t.partition as usize] = true;
+            }
+            for t in out.resume {
+                paused[t.partition as usize] = false;
+            }
+            assert!(
+                s.buffered_bytes() <= budget + each,
+                "{} bytes held over a budget of {budget}",
+                s.buffered_bytes()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_partition_parked_on_a_key_holds_the_budget_alone_and_the_others_keep_flowing() {
+    // Room for 8 messages over 2 partitions: a fair share of 4 each.
+    let each = msg_bytes(&msg(0, 0, "a"));
+    let mut s = set(100, 8 * each);
+    for p in 0..2 {
+        s.assign(
+            assigned(p, Some(0), ""),
+            trigger(10, Ordering::Key),
+            Instant::now(),
+        );
+    }
+    // Partition 0: key "a" parked at offset 0, eight more of it waiting behind.
+    for o in 0..9 {
+        let _ = s.on_message(msg(0, o, "a"));
+    }
+    let out = process(&mut s);
+    assert_eq!(out.starts.len(), 1);
+    assert_eq!(out.pause, vec![tp(0)]);
+    let parked = s.by_tp(&tp(0)).unwrap();
+    assert_eq!(parked.paused, Some(PauseReason::Budget));
+    // Partition 1 runs key "b" while the budget stays full: below half its share, it flows.
+    let _ = s.on_message(msg(1, 0, "b"));
+    let _ = s.on_message(msg(1, 1, "b"));
+    let mut out = process(&mut s);
+    assert!(out.pause.is_empty(), "partition 1 keeps flowing");
+    let run = out.starts.pop().unwrap();
+    // A burst above half its share pauses it too, and draining to a quarter resumes it.
+    for o in 2..5 {
+        let _ = s.on_message(msg(1, o, "b"));
+    }
+    assert_eq!(process(&mut s).pause, vec![tp(1)]);
+    assert_eq!(s.by_tp(&tp(1)).unwrap().paused, Some(PauseReason::Budget));
+    let mut run = run;
+    for _ in 0..3 {
+        finish(&mut s, run, true);
+        let mut out = process(&mut s);
+        run = out.starts.pop().expect("the next record of key b starts");
+        if !out.resume.is_empty() {
+            assert_eq!(out.resume, vec![tp(1)]);
+            break;
+        }
+    }
+    assert!(s.by_tp(&tp(1)).unwrap().paused.is_none(), "resumed");
+    assert_eq!(s.by_tp(&tp(0)).unwrap().paused, Some(PauseReason::Budget));
 }
 
 #[test]
@@ -281,7 +387,7 @@ fn nothing_starts_while_holding_and_everything_may_start_after() {
 }
 
 #[test]
-fn a_redelivered_or_already_accepted_message_is_not_queued_again() {
+fn an_already_accepted_message_is_not_queued_and_a_move_back_starts_the_partition_afresh() {
     let mut s = set(100, 1 << 20);
     // The previous owner handled 11 above its commit at 10.
     s.assign(
@@ -295,19 +401,37 @@ fn a_redelivered_or_already_accepted_message_is_not_queued_again() {
         Arrival::AlreadyAccepted(_)
     ));
     assert!(matches!(
-        s.on_message(msg(0, 10, "a")),
-        Arrival::AlreadyReceived(_)
-    ));
-    assert!(matches!(
         s.on_message(msg(7, 0, "a")),
         Arrival::NotAssigned(_)
     ));
+    // The position moves back to 10: nothing proves that 10 and 11 of the log read now
+    // were handled. The partition starts again from 10; the waiting 10 is dropped.
+    assert!(matches!(
+        s.on_message(msg(0, 10, "a")),
+        Arrival::MovedBack {
+            expected: 12,
+            offset: 10,
+            ..
+        }
+    ));
+    assert_eq!(s.buffered_bytes(), msg_bytes(&msg(0, 10, "a")));
+    // Nothing runs until the shell identified the log read now (its topic's id).
+    assert!(process(&mut s).starts.is_empty());
+    assert_eq!(s.unverified().collect::<Vec<_>>(), vec![&tp(0)]);
+    assert!(!s.verify_topic_id(&tp(0), Some("id-1".into())));
+    assert_eq!(s.by_tp(&tp(0)).unwrap().topic_id.as_deref(), Some("id-1"));
     let st = process(&mut s).starts;
     assert_eq!(st.len(), 1);
     for x in st {
         finish(&mut s, x, true);
     }
-    assert_eq!(commits(&mut s), vec![(0, 12, String::new())]);
+    assert_eq!(commits(&mut s), vec![(0, 11, String::new())]);
+    assert!(matches!(s.on_message(msg(0, 11, "b")), Arrival::Queued(_)));
+    // Another id for the topic now: it was created again, and the partition restarts.
+    assert!(!s.verify_topic_id(&tp(0), Some("id-1".into())));
+    assert!(s.verify_topic_id(&tp(0), Some("id-2".into())));
+    let p = s.by_tp(&tp(0)).unwrap();
+    assert_eq!((p.topic_id.as_deref(), p.backlog()), (Some("id-2"), 0));
 }
 
 #[test]
@@ -348,7 +472,8 @@ fn only_the_commit_offset_moving_is_progress() {
     }
     let mut taken = Vec::new();
     s.take_commits(later, |_, o, m| taken.push((o, m)));
-    assert_eq!(taken, vec![(0, "tk1:0:1-2".to_owned())]);
+    assert_eq!(taken.len(), 1);
+    assert_eq!((taken[0].0, named(0, &taken[0].1)), (0, vec![1, 2]));
     assert_eq!(
         s.by_tp(&tp(0)).unwrap().last_progress,
         assigned_at,
@@ -375,18 +500,28 @@ fn a_partition_with_a_full_gap_pauses_and_starts_nothing() {
     for o in 0..n {
         let _ = s.on_message(msg(0, o, "k"));
     }
-    let mut out = Actions::default();
-    s.process(Instant::now(), &mut out);
-    // Offset 0 stays in flight; everything above it is handled.
-    let mut starts = out.starts.into_iter();
-    let parked = starts.next().unwrap();
-    for st in starts {
-        finish(&mut s, st, true);
+    // Offset 0 stays in flight; everything above it is handled (a partition has at most
+    // the gap bound of runs started at once, so in rounds).
+    let mut parked = None;
+    loop {
+        let out = process(&mut s);
+        if out.starts.is_empty() {
+            break;
+        }
+        for st in out.starts {
+            if st.msg.offset() == 0 {
+                parked = Some(st);
+            } else {
+                finish(&mut s, st, true);
+            }
+        }
     }
+    let parked = parked.expect("offset 0 started");
+    assert!(s.by_tp(&tp(0)).unwrap().tracker.gap_full());
     let _ = s.on_message(msg(0, n, "k"));
     let out = process(&mut s);
     assert!(out.starts.is_empty(), "gap full: nothing new starts");
-    assert!(s.by_tp(&tp(0)).unwrap().paused);
+    assert!(s.by_tp(&tp(0)).unwrap().paused.is_some());
     finish(&mut s, parked, true);
     let out = process(&mut s);
     assert_eq!(out.resume, vec![tp(0)]);
@@ -413,11 +548,8 @@ fn a_new_owner_of_a_full_gap_starts_the_record_at_the_gap_and_drains() {
         s.assign(assigned(0, Some(0), &metadata), slot, Instant::now());
         // The consumer reads from the committed offset 0: the record at the gap, then
         // records the metadata lists as handled, then new ones.
-        for o in 0..3 {
+        for o in 0..max + 4 {
             let _ = s.on_message(msg(0, o, if o == 0 { "parked" } else { "other" }));
-        }
-        for o in max + 1..max + 4 {
-            let _ = s.on_message(msg(0, o, "other"));
         }
         let mut started = Vec::new();
         let mut paused = false;
@@ -476,8 +608,9 @@ fn a_batch_goes_out_when_its_partition_buffer_or_the_byte_budget_is_full() {
     let _ = s.on_message(msg(0, 3, "k"));
     let out = process(&mut s);
     assert_eq!(offsets_of(&out.starts[0]), vec![0, 1, 2, 3]);
-    // The byte budget: each record counts 37 bytes and the overhead.
-    let mut s = set(100, 2 * (37 + MESSAGE_OVERHEAD));
+    // The byte budget, pressed from half of it on: each record counts 37 bytes and the
+    // overhead.
+    let mut s = set(100, 4 * (37 + MESSAGE_OVERHEAD));
     s.assign(
         assigned(0, Some(0), ""),
         batch_trigger(8, 10, 1 << 20),
@@ -689,6 +822,7 @@ impl Start<TestShell> {
         Start {
             id: self.id,
             generation: self.generation,
+            topic_id: self.topic_id.clone(),
             key: self.key.clone(),
             msg: self.msg.clone(),
             batch: self.batch.clone(),
@@ -697,4 +831,88 @@ impl Start<TestShell> {
             trigger_index: self.trigger_index,
         }
     }
+}
+
+/// The offsets a commit's metadata names as handled.
+fn named(offset: i64, metadata: &str) -> Vec<i64> {
+    crate::core::offsets::parse_metadata(offset, metadata)
+        .iter()
+        .collect()
+}
+
+/// Issue 34, defect 3: a partition whose commit map might outgrow the brokers' limit starts
+/// nothing above its gap but the record at the gap, and pauses; every map it commits fits
+/// and names exactly the records handled above its offset; handling the record at the gap
+/// lets it go on.
+#[test]
+fn a_partition_whose_commit_map_would_outgrow_its_budget_runs_only_the_record_at_the_gap() {
+    let budget = 12;
+    let mut s = PartitionSet::new(Limits {
+        per_partition: 1_000,
+        max_bytes: 1 << 30,
+        max_tracked_above: crate::core::offsets::MAX_TRACKED_ABOVE,
+        metadata_max_chars: budget,
+    });
+    s.assign(
+        assigned(0, Some(0), ""),
+        trigger(64, Ordering::Key),
+        Instant::now(),
+    );
+    // One record per transaction (markers at odd offsets); key "p" every fourth offset,
+    // parked at 0 (its later records wait behind it), other keys in between.
+    let key = |o: i64| {
+        if o % 4 == 0 {
+            "p".to_owned()
+        } else {
+            format!("k{o}")
+        }
+    };
+    let mut parked = None;
+    let mut handled = std::collections::BTreeSet::new();
+    let mut paused = false;
+    for o in (0..200).step_by(2) {
+        let _ = s.on_message(msg(0, o, &key(o)));
+        s.on_position(&tp(0), Some(o + 2));
+        let out = process(&mut s);
+        paused |= out.pause.contains(&tp(0));
+        for st in out.starts {
+            let offset = st.msg.offset();
+            if offset == 0 {
+                parked = Some(st);
+            } else {
+                assert!(!paused, "{offset} started above a full map");
+                let _ = handled.insert(offset);
+                finish(&mut s, st, true);
+            }
+        }
+        for (_, offset, metadata) in commits(&mut s) {
+            assert!(metadata.len() <= budget, "{metadata}");
+            let map = crate::core::offsets::parse_metadata(offset, &metadata);
+            for r in (offset..o + 1).step_by(2) {
+                assert_eq!(map.contains(r), handled.contains(&r), "{r} in {metadata:?}");
+            }
+        }
+    }
+    assert!(paused, "the map filled");
+    let ran = handled.len();
+    assert!(ran > 3 && ran < 75, "{ran} ran above the gap");
+    assert_eq!(
+        s.by_tp(&tp(0)).unwrap().tracker.gap_hold(1),
+        Some(crate::core::offsets::GapHold::Metadata)
+    );
+    // The parked record is handled: the partition goes on.
+    finish(&mut s, parked.expect("the record at the gap started"), true);
+    let mut resumed = false;
+    for _ in 0..200 {
+        let out = process(&mut s);
+        resumed |= out.resume.contains(&tp(0));
+        if out.starts.is_empty() {
+            break;
+        }
+        for st in out.starts {
+            finish(&mut s, st, true);
+        }
+    }
+    assert!(resumed);
+    assert_eq!(commits(&mut s), vec![(0, 200, String::new())]);
 }

@@ -141,6 +141,25 @@ impl<T> PartitionQueue<T> {
         }
     }
 
+    /// A started message comes back without an outcome (its run ended outside a revoke
+    /// without handling it): it waits again at the head of its key (or of the partition), so
+    /// no later message of its key starts before it. Give a batch's records back last first.
+    pub fn requeue(&mut self, key: Key, item: T) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.waiting += 1;
+        if self.ordering != Ordering::Key {
+            self.fifo.push_front((key, item));
+            return;
+        }
+        let k = self.keys.entry(key.clone()).or_insert_with(|| KeyQueue {
+            waiting: VecDeque::new(),
+            in_flight: false,
+        });
+        k.waiting.push_front(item);
+        k.in_flight = false;
+        self.ready.push_front(key);
+    }
+
     /// Messages waiting to start.
     pub fn waiting(&self) -> usize {
         self.waiting
@@ -189,6 +208,28 @@ mod tests {
         q.finished(&None);
         assert_eq!(q.pop_startable().map(|x| x.1), Some(4));
         assert_eq!(q.in_flight(), 3);
+    }
+
+    #[test]
+    fn a_requeued_message_starts_before_the_later_ones_of_its_key() {
+        let mut q = PartitionQueue::new(Ordering::Key);
+        q.push(k("a"), 0);
+        q.push(k("a"), 1);
+        q.push(k("b"), 2);
+        assert_eq!(q.pop_startable().map(|x| x.1), Some(0));
+        q.requeue(k("a"), 0);
+        assert_eq!((q.waiting(), q.in_flight()), (3, 0));
+        assert_eq!(q.pop_startable().map(|x| x.1), Some(0));
+        assert_eq!(q.pop_startable().map(|x| x.1), Some(2));
+        assert_eq!(q.pop_startable().map(|x| x.1), None, "1 waits for 0");
+        let mut fifo = PartitionQueue::new(Ordering::Partition);
+        for i in 0..3 {
+            fifo.push(None, i);
+        }
+        let (a, b) = (fifo.pop_fifo().unwrap(), fifo.pop_fifo().unwrap());
+        fifo.requeue(b.0, b.1);
+        fifo.requeue(a.0, a.1);
+        assert_eq!(fifo.iter_fifo().copied().collect::<Vec<_>>(), vec![0, 1, 2]);
     }
 
     #[test]

@@ -69,6 +69,48 @@ const REGRESSION_SEEDS: &[u64] = &[
     // commit metadata keeps, and an orderly handover repeated them (a batch's records are now
     // at most the gap bound, as a trigger's runs in flight are).
     20778250, 20806293,
+    // Issue 34, defect 3: gaps the consumer never returns (one record per transaction, a
+    // compacted log) under a small commit metadata budget. The `tk1` map of the records
+    // handled above a parked key was cut to the budget, and an orderly handover repeated
+    // what it left out (3490, 15938, 16109, 19757, 32031); or its header alone was longer
+    // than the budget, which the broker refuses (47). Failed on 86bd939 with this simulator
+    // (branch metadata-repro); the map now lets those offsets cost nothing, and a partition
+    // starts no run above its gap that could make the map outgrow the budget.
+    3490, 15938, 16109, 19757, 32031, 47,
+    // The world outside the group protocol (issue 34), each failing before its fix:
+    // - a commit wanted before librdkafka's hint of a recreated topic was still sent after
+    //   it, committing the old log's offsets into the new topic (loss): wanted commits of
+    //   partitions not identified are held;
+    167,
+    // - a run of an earlier assignment ended and freed its permit, but only the current
+    //   assignment's runs woke partitions starved of permits: one waited for ever;
+    2968,
+    // - a topic created again twice, the second time while a position that moved back
+    //   waited to be identified: it took the new id and kept the older log's bookkeeping
+    //   (loss); any other id now restarts the partition;
+    5897, // - a batch flushed at a revoke started records of a log not identified yet;
+    12489,
+    // - runs waiting to retry give their permits back, so more runs than the concurrency
+    //   finished above a full gap than the next owner keeps of the metadata (repeats at an
+    //   orderly handover): a partition has at most the gap bound of runs started;
+    54144,
+    // - the byte budget's fair-share rule let the partitions under half their share flow
+    //   while the budget was full, so the connection held up to 1.5 times the budget (the
+    //   broker's million-record backlog peaked at 330 MiB): the budget is now pressed from
+    //   half of it on;
+    1376,
+    // - a topic created again whose new log held only markers and aborted records was never
+    //   committed to its end: the core trusts a new log's positions only after a none, and
+    //   the shell now reads the none librdkafka leaves after its seek (modelled here);
+    106396, 149379, 154353, 218392,
+    // - the progress invariant counted a partition that waits for itself (a run of its own
+    //   retrying, a held key of its own above a position that moved back, its own records
+    //   running one at a time toward its resume): a gap of the simulator, not of the core.
+    201306, 209589, 450848,
+    // - a commit request taken while a partition waited to be identified (its commit held
+    //   back) was counted as covering that partition's accepted records, so a kill's repeats
+    //   of them exceeded the bound: a gap of the simulator's count, not of the core.
+    713624,
 ];
 
 const TOPIC: &str = "sim";
@@ -77,8 +119,11 @@ const TOPIC: &str = "sim";
 const DRAIN_TIMEOUT: Duration = Duration::from_millis(300);
 
 mod group;
+mod metadata;
 mod schedule;
-use schedule::{LogRecord, Params, Protocol, Rng};
+mod world;
+use schedule::{Gaps, LogRecord, Params, Protocol, Rng};
+use world::WorldState;
 
 /// A commit request on its way to the coordinator.
 struct Request {
@@ -90,7 +135,13 @@ struct Request {
     due: u64,
     /// The member's accepted runs when the request was taken: a confirmation covers them.
     accepted_at_take: u64,
+    /// No partition of the member waited to be identified when it was taken: the core held
+    /// back the commits of those (librdkafka's hint of a topic created again), so a
+    /// confirmation then covers nothing of theirs.
+    covers_all: bool,
     commits: Vec<(TopicPartition, i64, String)>,
+    /// Each committed partition's topic incarnation when the request was taken.
+    incarnations: Vec<u64>,
 }
 
 /// A run in flight at the dispatcher: one record, or a batch trigger's batch.
@@ -98,7 +149,14 @@ struct Run {
     start: Start<TestShell>,
     /// Each record's offset and key, in offset order.
     records: Vec<(i64, u64)>,
+    /// The incarnation of the topic each record was read from.
+    incarnations: Vec<u64>,
     done_at: u64,
+    /// It waits to retry and gave its permit back.
+    yielded: bool,
+    /// The dispatcher answered it a 5xx or a 429: its key is held until it ends (a
+    /// transient outage of its own, not another partition's).
+    retried: bool,
 }
 
 struct Member {
@@ -164,6 +222,8 @@ struct Sim {
     answers: Rng,
     /// Which of several members' due requests the coordinator applies first, likewise.
     coordinator: Rng,
+    /// Which commit metadata a new owner is handed, likewise.
+    metadata: Rng,
     faults: bool,
     /// Runs started for records the dispatcher had accepted already, and what the kills so
     /// far allow of them.
@@ -171,6 +231,8 @@ struct Sim {
     repeat_bound: u64,
     /// How often each refusal, membership event and dispatcher answer happened.
     seen: BTreeMap<&'static str, u64>,
+    /// What Kafka and librdkafka do outside the group protocol.
+    world: WorldState,
 }
 
 impl Sim {
@@ -186,6 +248,7 @@ impl Sim {
                     .collect()
             })
             .collect();
+        let logs = Self::punch(&p, logs);
         let parked = (0..p.keys).filter(|_| rng.chance(20)).collect();
         let mut answers = Rng(p.seed ^ 0x0D15);
         let rejected = (0..p.keys).filter(|_| answers.chance(15)).collect();
@@ -211,10 +274,12 @@ impl Sim {
             rejected,
             answers,
             coordinator: Rng(p.seed ^ 0xC00D),
+            metadata: Rng(p.seed ^ 0x3E7A),
             faults: true,
             repeats: 0,
             repeat_bound: 0,
             seen: BTreeMap::new(),
+            world: WorldState::new(p.seed, p.partitions as usize),
         };
         sim.index_logs();
         for part in 0..p.partitions {
@@ -224,23 +289,48 @@ impl Sim {
         sim
     }
 
+    /// The schedule's gaps: offsets the consumer never returns, besides aborted records
+    /// (drawn from their own stream).
+    fn punch(p: &Params, mut logs: Vec<Vec<LogRecord>>) -> Vec<Vec<LogRecord>> {
+        let mut r = Rng(p.seed ^ 0xC0C0);
+        for log in &mut logs {
+            for (o, rec) in log.iter_mut().enumerate() {
+                rec.data &= match p.gaps {
+                    Gaps::Sparse => true,
+                    Gaps::Transactional => o % 2 == 0,
+                    Gaps::Compacted => r.chance(40),
+                };
+            }
+        }
+        logs
+    }
+
     /// What the invariants need of the logs: the data records per key, and their count.
     fn index_logs(&mut self) {
         self.not_started.clear();
-        for (part, log) in self.logs.iter().enumerate() {
-            for (o, r) in log.iter().enumerate().filter(|(_, r)| r.data) {
-                let _ = self
-                    .not_started
-                    .entry((part as i32, r.key))
-                    .or_default()
-                    .insert(o as i64);
-            }
-        }
-        self.data = self.logs.iter().flatten().filter(|r| r.data).count();
         self.first_unaccepted = vec![0; self.logs.len()];
         for part in 0..self.logs.len() {
-            self.advance_first_unaccepted(part as i32);
+            self.index_partition(part as i32);
         }
+    }
+
+    /// [`Sim::index_logs`] of one partition's log (read anew: its topic was created again).
+    fn index_partition(&mut self, part: i32) {
+        self.not_started.retain(|(p, _), _| *p != part);
+        for (o, r) in self.logs[part as usize]
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.data)
+        {
+            let _ = self
+                .not_started
+                .entry((part, r.key))
+                .or_default()
+                .insert(o as i64);
+        }
+        self.data = self.logs.iter().flatten().filter(|r| r.data).count();
+        self.first_unaccepted[part as usize] = 0;
+        self.advance_first_unaccepted(part);
     }
 
     fn member(p: &Params, generation: u64) -> Member {
@@ -253,8 +343,11 @@ impl Sim {
             core: Core::new(
                 Limits {
                     per_partition: p.per_partition,
-                    max_bytes: usize::MAX / 2,
+                    max_bytes: p.world.budget.map_or(usize::MAX / 2, |n| {
+                        n * crate::core::partitions::msg_bytes(&record(0, 0, &[0; 8], 8))
+                    }),
                     max_tracked_above: p.max_tracked_above,
+                    metadata_max_chars: p.metadata_max_chars,
                 },
                 Duration::from_millis(10),
                 Duration::from_secs(30),
@@ -284,9 +377,14 @@ impl Sim {
     /// Runs the schedule to its end; returns the repeats and their bound.
     fn run(mut self) -> Result<(u64, u64), Violation> {
         let fault_steps = self.p.fault_steps as u64;
-        // Enough for every record to be fetched, run and committed after the faults.
-        let limit = fault_steps + 400 + 40 * self.p.records as u64 * self.p.partitions as u64;
+        // Enough for every record to be fetched, run and committed after the faults (of the
+        // logs as they are then: a topic created again may be longer).
+        let mut limit = fault_steps + 400 + 40 * self.p.records as u64 * self.p.partitions as u64;
         while self.step < limit {
+            if self.faults {
+                let records: usize = self.logs.iter().map(Vec::len).sum();
+                limit = limit.max(fault_steps + 400 + 40 * records as u64);
+            }
             self.step += 1;
             if self.faults && self.step > fault_steps {
                 self.stop_faults();
@@ -294,6 +392,7 @@ impl Sim {
             self.expire_sessions();
             self.one_step()?;
             self.check()?;
+            self.check_world()?;
             if !self.faults && self.all_done() {
                 return Ok((self.repeats, self.repeat_bound));
             }
@@ -326,14 +425,14 @@ impl Sim {
             ));
             for p in m.core.partitions().iter() {
                 out.push_str(&format!(
-                    "\n    partition {}: waiting {} in flight {} paused {} commit offset {:?} fetch {:?} above {}",
+                    "\n    partition {}: waiting {} in flight {} paused {:?} commit offset {:?} fetch {:?} above {} unverified {:?} topic {:?}",
                     p.tp.partition,
                     p.queue.waiting(),
                     p.queue.in_flight(),
                     p.paused,
                     p.tracker.commit_offset(),
                     m.fetch.get(&p.tp.partition),
-                    p.tracker.handled_above(),
+                    p.tracker.handled_above(), p.unverified, (p.topic_id.clone(), p.commit_refused, p.starved, p.dirty),
                 ));
             }
         }
@@ -342,6 +441,7 @@ impl Sim {
     }
 
     fn one_step(&mut self) -> Result<(), Violation> {
+        self.world_step();
         let m = self.rng.below(self.members.len() as u64) as usize;
         match self.rng.below(100) {
             0..=29 => self.fetch(m),
@@ -383,6 +483,7 @@ impl Sim {
             if r.data {
                 let msg = TestRecord {
                     topic: TOPIC.to_owned(),
+                    incarnation: self.world.incarnation[part as usize],
                     ..record(part, next, &r.key.to_be_bytes(), 8)
                 };
                 let _ = self.members[m].core.on_message(msg);
@@ -393,8 +494,15 @@ impl Sim {
                 .core
                 .on_position(&Self::tp(part), Some(next));
         }
+        // A pause decided before this fetch and applied late takes effect after it.
+        let paused = self.members[m]
+            .core
+            .partitions()
+            .by_tp(&Self::tp(part))
+            .is_some_and(|p| p.paused.is_some());
         if let Some(f) = self.members[m].fetch.get_mut(&part) {
             f.0 = next;
+            f.1 |= paused;
         }
     }
 
@@ -408,18 +516,36 @@ impl Sim {
         let now = self.now();
         let mut commands = Vec::new();
         self.members[m].core.poll(now, &mut commands);
+        let held = self.members[m].core.partitions().iter().any(|p| {
+            p.tracker.gap_hold(p.queue.in_flight()) == Some(crate::core::offsets::GapHold::Metadata)
+        });
+        if held {
+            self.saw("metadata: runs held at the budget");
+        }
         for command in commands {
             match command {
                 Command::Start(start) => self.start(m, start)?,
                 Command::Commit(commits) => {
                     let due = self.step + 1 + self.rng.below(30);
+                    let incarnations = commits
+                        .iter()
+                        .map(|(tp, _, _)| self.world.incarnation[tp.partition as usize])
+                        .collect();
+                    let covers_all = self.members[m]
+                        .core
+                        .partitions()
+                        .unverified()
+                        .next()
+                        .is_none();
                     self.requests.push_back(Request {
                         member: m,
                         incarnation: self.members[m].incarnation,
                         generation: self.members[m].generation,
                         due,
                         accepted_at_take: self.members[m].accepted,
+                        covers_all,
                         commits,
+                        incarnations,
                     });
                 }
                 Command::FinishRevoke(end) => {
@@ -427,6 +553,7 @@ impl Sim {
                     // next owner dispatches them again, and one the dispatcher accepts late
                     // is then a repeat, as a kill's runs in flight are.
                     self.repeat_bound += end.abandoned as u64;
+                    self.withheld(m, &end.withheld);
                     self.finish_revoke(m, &end.partitions, end.commit);
                 }
                 Command::Signal(RunSignal::Drain(a) | RunSignal::Abandon(a)) => {
@@ -440,11 +567,16 @@ impl Sim {
     }
 
     /// Pauses and resumes follow the core's partitions' flags (librdkafka applies them).
+    /// A pause or resume may be applied late (then at a later poll, or, a pause, after the
+    /// partition's next fetch).
     fn apply_flow(&mut self, m: usize) {
+        let late = self.late();
         let member = &mut self.members[m];
         for p in member.core.partitions().iter() {
             if let Some(f) = member.fetch.get_mut(&p.tp.partition) {
-                f.1 = p.paused;
+                if !late {
+                    f.1 = p.paused.is_some();
+                }
             }
         }
     }
@@ -453,10 +585,17 @@ impl Sim {
     fn start(&mut self, m: usize, start: Start<TestShell>) -> Result<(), Violation> {
         let part = start.msg.partition();
         let mut records = Vec::with_capacity(1 + start.batch.len());
+        let mut incarnations = Vec::with_capacity(1 + start.batch.len());
         for r in std::iter::once(&start.msg).chain(&start.batch) {
+            incarnations.push(r.incarnation);
             let offset = r.offset();
             let key =
                 u64::from_be_bytes(r.key().and_then(|k| k.try_into().ok()).unwrap_or_default());
+            // A record of a topic since deleted: nothing of the current log.
+            if r.incarnation != self.world.incarnation[part as usize] {
+                records.push((offset, key));
+                continue;
+            }
             // First run of this record: every earlier record of its key ran first (under
             // `key` and `partition` ordering; a batch trigger's are in partition order).
             let unstarted = self.not_started.get_mut(&(part, key));
@@ -479,7 +618,10 @@ impl Sim {
         self.members[m].runs.push(Run {
             start,
             records,
+            incarnations,
             done_at: self.step + latency,
+            yielded: false,
+            retried: false,
         });
         Ok(())
     }
@@ -530,12 +672,19 @@ impl Sim {
         let held = run.records.iter().any(|(_, k)| self.held(*k));
         let drained = self.members[m].drained.contains(&run.start.assignment());
         if held && !drained {
+            // It waits to retry, without its permit.
+            self.yield_permit(m, i);
+            return;
+        }
+        if !drained && self.run_returns() {
+            self.return_run(m, i);
             return;
         }
         if self.faults && self.answers.chance(10) {
             // 503, or 429 with Retry-After: this attempt failed, the run tries again.
             let retry_after = 1 + self.answers.below(40);
             self.members[m].runs[i].done_at = self.step + retry_after;
+            self.members[m].runs[i].retried = true;
             self.saw("dispatcher: retry after a 5xx or a 429");
             return;
         }
@@ -548,13 +697,13 @@ impl Sim {
         let run = self.members[m].runs.swap_remove(i);
         let part = run.start.msg.partition();
         let mut outcomes = Vec::with_capacity(run.records.len());
-        for &(offset, key) in &run.records {
+        for (&(offset, key), &incarnation) in run.records.iter().zip(&run.incarnations) {
             let handled = !self.held(key);
             if handled && self.rejected.contains(&key) {
                 self.saw("dispatcher: refused, dead-lettered");
             }
             if handled {
-                self.accept(part, offset);
+                self.dispatch(part, run.start.topic_id.clone(), offset, incarnation);
                 self.members[m].accepted += 1;
             }
             outcomes.push((offset, handled));
@@ -570,6 +719,39 @@ impl Sim {
         let _ = self.members[m]
             .core
             .on_run_finished(id, generation, &key, &outcomes);
+    }
+
+    /// Member `m`'s run `i` ends without an outcome, outside a revoke (its task panicked
+    /// outside an attempt): its records go back to the core, to start again.
+    fn return_run(&mut self, m: usize, i: usize) {
+        let run = self.members[m].runs.swap_remove(i);
+        self.saw("world: a run ended without an outcome");
+        // The task may have panicked after the dispatcher accepted a record: it runs again
+        // (the dispatcher answers 409). An accepted record runs again in any case.
+        let part = run.start.msg.partition();
+        for (&(offset, key), &incarnation) in run.records.iter().zip(&run.incarnations) {
+            if !self.held(key) && self.world.rng.chance(50) {
+                self.dispatch(part, run.start.topic_id.clone(), offset, incarnation);
+            }
+            if self.accepted.contains(&(part, offset)) {
+                self.repeat_bound += 1;
+            }
+        }
+        let Start {
+            id,
+            generation,
+            key,
+            msg,
+            batch,
+            permit,
+            ..
+        } = run.start;
+        drop(permit);
+        let mut records = vec![msg];
+        records.extend(batch);
+        let core = &mut self.members[m].core;
+        let _ = core.on_run_returned(id, generation, &key, records);
+        let _ = core.on_run_finished(id, generation, &key, &[]);
     }
 
     /// Member `m`'s core is polled (its commit requests go out when due).
@@ -616,6 +798,14 @@ impl Sim {
             self.step += 1;
             self.finish_run(m, 0);
         }
+        let tps: Vec<TopicPartition> = self.members[m]
+            .core
+            .partitions()
+            .iter()
+            .map(|p| p.tp.clone())
+            .collect();
+        let withheld = self.members[m].core.withheld(&tps);
+        self.withheld(m, &withheld);
         let commits = self.members[m].core.stop_commit();
         for (tp, offset, metadata) in commits {
             if self.final_commit_applies(m) {
@@ -650,6 +840,14 @@ impl Sim {
             )));
         }
         for (part, (offset, note)) in self.committed.iter().enumerate() {
+            // The broker refuses longer metadata (OFFSET_METADATA_TOO_LARGE).
+            if *offset != i64::MIN && note.len() > self.p.metadata_max_chars {
+                return Err(Violation(format!(
+                    "metadata: partition {part}'s commit metadata has {} characters, more than offset.metadata.max.bytes ({})",
+                    note.len(),
+                    self.p.metadata_max_chars
+                )));
+            }
             if *offset == i64::MIN {
                 return Err(Violation(format!(
                     "move back: partition {part}'s commit {note} by its owner"
@@ -658,15 +856,41 @@ impl Sim {
             let first = self.first_unaccepted[part];
             if *offset > first {
                 return Err(Violation(format!(
-                    "loss: partition {part} committed at {offset} past {first}, never accepted"
+                    "loss: partition {part} committed at {offset} past {first}, never accepted{}",
+                    self.dump()
                 )));
             }
         }
+        // What may reach a partition after its pause was decided: the fetch that crossed (at
+        // most 4 records), one more fetch when a pause is applied late, and runs given back
+        // without an outcome, which wait again (at most the runs in flight).
+        let late = if self.p.world.late_flow { 4 } else { 0 };
+        let returned = if self.p.world.returns {
+            self.p
+                .concurrency
+                .max(self.p.batch.map_or(0, |b| b.max_records))
+        } else {
+            0
+        };
+        let after_pause = 4 + late + returned;
         for m in self.members.iter().filter(|m| m.alive) {
+            // The connection holds at most its byte budget, plus what reaches its
+            // partitions after their pauses were decided.
+            if let Some(budget) = self.p.world.budget {
+                let each = crate::core::partitions::msg_bytes(&record(0, 0, &[0; 8], 8));
+                let owned = m.core.partitions().len();
+                let held = m.core.partitions().buffered_bytes();
+                let bound = (budget + owned * after_pause) * each;
+                if held > bound {
+                    return Err(Violation(format!(
+                        "bound: {held} bytes wait in the connection, over its budget of {} and what a pause lets through ({bound})",
+                        budget * each
+                    )));
+                }
+            }
             for p in m.core.partitions().iter() {
                 let waiting = p.queue.waiting();
-                // A fetch returns at most 4 records after the pause decision.
-                if waiting > self.p.per_partition + 4 {
+                if waiting > self.p.per_partition + after_pause {
                     return Err(Violation(format!(
                         "bound: {waiting} records wait in partition {}",
                         p.tp.partition
@@ -689,7 +913,8 @@ impl Sim {
             && self
                 .committed
                 .iter()
-                .all(|(o, _)| *o == self.p.records as i64)
+                .zip(&self.logs)
+                .all(|((o, _), log)| *o == log.len() as i64)
     }
 }
 

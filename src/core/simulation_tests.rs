@@ -64,7 +64,9 @@ fn env_u64(name: &str, default: u64) -> u64 {
 }
 
 /// Each regression seed under every group protocol (most were found under the classic one,
-/// before the others were simulated).
+/// before the others were simulated), with its gaps and commit metadata as drawn and as
+/// they were before those were drawn (sparse gaps, the default budget: what the seeds
+/// before issue 34 found their failures in).
 #[test]
 fn regression_seeds_hold() {
     let protocols = [
@@ -75,12 +77,14 @@ fn regression_seeds_hold() {
     ];
     for &seed in REGRESSION_SEEDS {
         for protocol in protocols {
-            let p = Params {
+            let drawn = Params {
                 protocol,
                 ..Params::from_seed(seed)
             };
-            if let Err(e) = run_or_shrink(p) {
-                panic!("regression seed {seed} under {protocol:?}: {e}");
+            for p in [drawn, drawn.without_metadata_draws()] {
+                if let Err(e) = run_or_shrink(p) {
+                    panic!("regression seed {seed} under {protocol:?}: {e}");
+                }
             }
         }
     }
@@ -147,6 +151,10 @@ fn a_handover_with_a_full_gap_drains() {
         batch: None,
         protocol: Protocol::Classic,
         dead_letter: false,
+        world: world::World::default(),
+        gaps: Gaps::Sparse,
+        metadata_max_chars: crate::core::offsets::DEFAULT_METADATA_MAX_CHARS,
+        metadata_faults: false,
     };
     let mut sim = Sim::new(p);
     for r in &mut sim.logs[0] {
@@ -185,7 +193,7 @@ fn a_handover_with_a_full_gap_drains() {
     assert_eq!(sim.owner[0], Some(1), "the revoke ended");
     sim.parked.clear();
     assert!(
-        sim.committed[0].1.starts_with("tk1:0:"),
+        sim.committed[0].1.starts_with("tk2:0:"),
         "{:?}",
         sim.committed[0]
     );
@@ -273,5 +281,147 @@ fn protocol_kind(p: Protocol) -> &'static str {
         Protocol::Static { .. } => "Static",
         Protocol::Consumer { relaxed: false } => "Strict",
         Protocol::Consumer { relaxed: true } => "Relaxed",
+    }
+}
+
+/// The byte budget, by construction: partition 0's key is parked with its records waiting
+/// behind it, and they hold more than half the budget; partition 1's records, with keys of
+/// their own, keep running while faults last. Fails on a partition set that pauses every
+/// partition with waiting records while the budget is full (issue 34, defect 2).
+#[test]
+fn a_parked_partition_never_holds_the_budget_against_the_others() {
+    let p = Params {
+        seed: 7,
+        partitions: 2,
+        records: 120,
+        keys: 4,
+        members: 1,
+        fault_steps: 3_000,
+        ordering: Ordering::Key,
+        concurrency: 4,
+        per_partition: 100,
+        max_tracked_above: 50,
+        batch: None,
+        protocol: Protocol::Classic,
+        dead_letter: false,
+        world: world::World {
+            budget: Some(12),
+            ..world::World::default()
+        },
+        gaps: Gaps::Sparse,
+        metadata_max_chars: crate::core::offsets::DEFAULT_METADATA_MAX_CHARS,
+        metadata_faults: false,
+    };
+    let mut sim = Sim::new(p);
+    for r in &mut sim.logs[0] {
+        *r = LogRecord { key: 0, data: true };
+    }
+    for (o, r) in sim.logs[1].iter_mut().enumerate() {
+        *r = LogRecord {
+            key: 1 + (o as u64 % 3),
+            data: true,
+        };
+    }
+    sim.index_logs();
+    sim.rejected.clear();
+    sim.parked.clear();
+    let _ = sim.parked.insert(0);
+    for _ in 0..3_000 {
+        sim.step += 1;
+        sim.fetch(0);
+        sim.complete(0);
+        sim.commit_flow(0);
+        sim.deliver_request();
+        sim.process(0).unwrap();
+        sim.check().unwrap();
+        sim.check_world().unwrap_or_else(|v| panic!("{}", v.0));
+    }
+    assert_eq!(
+        sim.first_unaccepted[1], 120,
+        "partition 1 drained while partition 0's key was parked"
+    );
+    assert!(
+        sim.seen.contains_key(
+            "world: a partition paused by the byte budget with no key of its own held"
+        ) || sim.first_unaccepted[1] == 120
+    );
+    sim.parked.clear();
+    sim.faults = false;
+    sim.p.fault_steps = sim.step as usize;
+    let _ = sim.run().unwrap();
+}
+
+/// The world's faults are reached (each at least once over 600 schedules), so the
+/// invariants are checked against them: topics created again and found by their new id,
+/// positions moved back, partitions' own commit refusals, runs ended without an outcome,
+/// final commits withheld, partitions paused by the byte budget.
+#[test]
+fn the_worlds_faults_are_reached() {
+    let mut seen: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for seed in 1..=600 {
+        let mut sim = Sim::new(Params::from_seed(seed));
+        while sim.step < sim.p.fault_steps as u64 {
+            sim.step += 1;
+            sim.expire_sessions();
+            sim.one_step()
+                .unwrap_or_else(|v| panic!("seed {seed}: {}", v.0));
+            sim.check_world()
+                .unwrap_or_else(|v| panic!("seed {seed}: {}", v.0));
+        }
+        for (event, n) in sim.seen {
+            *seen.entry(event).or_default() += n;
+        }
+    }
+    eprintln!("simulation: the world's events over 600 schedules: {seen:#?}");
+    for want in [
+        "world: a topic deleted and created again",
+        "world: a new topic id found",
+        "world: a position moved back",
+        "world: a run ended without an outcome",
+        "world: a final commit withheld",
+        "world: a partition paused by the byte budget with no key of its own held",
+        "UNKNOWN_TOPIC_OR_PARTITION",
+    ] {
+        assert!(
+            seen.get(want).is_some_and(|n| *n > 0),
+            "never reached: {want}"
+        );
+    }
+}
+
+/// The commit metadata's draws are reached: gaps dense enough, under a small budget, hold
+/// runs above a gap at the budget, and new owners are handed every kind of metadata that is
+/// not their group's last commit's.
+#[test]
+fn dense_gaps_fill_the_commit_metadata_and_new_owners_meet_foreign_metadata() {
+    let mut seen: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for seed in 1..=600 {
+        let p = Params::from_seed(seed);
+        let mut sim = Sim::new(p);
+        while sim.step < p.fault_steps as u64 {
+            sim.step += 1;
+            sim.expire_sessions();
+            sim.one_step()
+                .unwrap_or_else(|v| panic!("seed {seed}: {}", v.0));
+        }
+        for (event, n) in sim.seen {
+            *seen.entry(event).or_default() += n;
+        }
+    }
+    eprintln!("simulation: metadata events over 600 schedules: {seen:#?}");
+    for want in [
+        "metadata: runs held at the budget",
+        "metadata: the tk1 form",
+        "metadata: foreign",
+        "metadata: cut short",
+        "metadata: not UTF-8",
+        "metadata: another form",
+        "metadata: another offset",
+        "metadata: too long",
+    ] {
+        assert!(
+            seen.get(want).is_some_and(|n| *n > 0),
+            "never reached: {want}"
+        );
     }
 }

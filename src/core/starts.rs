@@ -25,8 +25,9 @@ pub(super) fn start_ready<S: Shell>(
         if p.queue.waiting() == 0 {
             return false;
         }
-        // With the gap full only the record at the gap may start: it is what closes it.
-        let gap_head = if p.tracker.gap_full() {
+        // With the gap full, or the commit map at its budget, only the record at the gap may
+        // start: it is what closes the gap.
+        let gap_head = if p.tracker.gap_hold(p.queue.in_flight()).is_some() {
             match p.tracker.gap_head() {
                 Some(head) => Some(head),
                 None => return false,
@@ -34,6 +35,13 @@ pub(super) fn start_ready<S: Shell>(
         } else {
             None
         };
+        // Runs waiting to retry give their permits back, so a partition can have more runs
+        // started and unfinished than its trigger's concurrency. They all finish above the
+        // gap, and what the next owner keeps of the commit metadata holds the gap bound
+        // plus at most as many again: so many, and no new one starts but the gap's.
+        if gap_head.is_none() && p.queue.in_flight() >= p.tracker.max_above() {
+            return false;
+        }
         let Some(permit) = S::try_permit(&p.trigger.runtime) else {
             return true;
         };
@@ -44,12 +52,16 @@ pub(super) fn start_ready<S: Shell>(
         let Some((key, msg)) = popped else {
             return false;
         };
+        if gap_head.is_none() {
+            p.tracker.started(1);
+        }
         let bytes = msg_bytes(&msg);
         p.buffered_bytes -= bytes;
         *buffered_bytes -= bytes;
         out.starts.push(Start {
             id,
             generation: p.generation,
+            topic_id: p.topic_id.clone(),
             key,
             msg,
             batch: Vec::new(),
@@ -97,7 +109,16 @@ pub(super) fn start_batch<S: Shell>(
     let Some(permit) = S::try_permit(&p.trigger.runtime) else {
         return true;
     };
-    let n = limits.take(p.queue.iter_fifo().map(raw_bytes));
+    let mut n = limits.take(p.queue.iter_fifo().map(raw_bytes));
+    // The first record is the one at the gap; the others finish above it in any order (a
+    // batch can fail in part). When the commit map might not hold them, one record goes.
+    if n > 1 {
+        if p.tracker.map_fits(0, n - 1) {
+            p.tracker.started(n - 1);
+        } else {
+            n = 1;
+        }
+    }
     let mut records = Vec::with_capacity(n);
     for _ in 0..n {
         let Some((_, msg)) = p.queue.pop_fifo() else {
@@ -118,6 +139,7 @@ pub(super) fn start_batch<S: Shell>(
     out.starts.push(Start {
         id,
         generation: p.generation,
+        topic_id: p.topic_id.clone(),
         key: None,
         msg,
         batch: records.collect(),

@@ -43,6 +43,8 @@ pub(crate) struct TestRecord {
     pub(crate) offset: i64,
     pub(crate) key: Option<Vec<u8>>,
     pub(crate) payload_len: usize,
+    /// The simulator's tag: which incarnation of its topic the record was read from.
+    pub(crate) incarnation: u64,
 }
 
 impl Record for TestRecord {
@@ -85,5 +87,6 @@ pub(crate) fn record(partition: i32, offset: i64, key: &[u8], payload_len: usize
         offset,
         key: Some(key.to_vec()),
         payload_len,
+        incarnation: 0,
     }
 }

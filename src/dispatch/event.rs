@@ -109,9 +109,28 @@ pub struct EventSource<'a> {
     pub workflow: &'a str,
 }
 
-/// The idempotency key of a record: the same on every redelivery to this group.
-pub fn idempotency_key(group: &str, topic: &str, partition: i32, offset: i64) -> String {
+/// The idempotency key of a record: the same on every redelivery to this group, and another
+/// for a record of a topic deleted and created again under the same name (see [`key_topic`]).
+pub fn idempotency_key(
+    group: &str,
+    topic: &str,
+    topic_id: Option<&str>,
+    partition: i32,
+    offset: i64,
+) -> String {
+    let topic = key_topic(topic, topic_id);
     format!("kafka:{group}:{topic}:{partition}:{offset}")
+}
+
+/// The topic as idempotency keys name it: `<topic>@<topic id>` where the cluster has topic
+/// ids (KIP-516; `@` is not allowed in topic names), else the name alone. A topic deleted and
+/// created again under the same name gets a new id, so its records are not taken for the
+/// old topic's by a dispatcher that remembers keys.
+pub fn key_topic<'a>(topic: &'a str, topic_id: Option<&str>) -> std::borrow::Cow<'a, str> {
+    match topic_id {
+        Some(id) => std::borrow::Cow::Owned(format!("{topic}@{id}")),
+        None => std::borrow::Cow::Borrowed(topic),
+    }
 }
 
 /// The headers of a record, in order, duplicates kept. Names and values that are not UTF-8

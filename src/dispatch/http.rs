@@ -1,4 +1,5 @@
-//! The HTTP client of the run dispatcher: one pooled keep-alive HTTP/1 client per trigger.
+//! The HTTP client of the run dispatcher: a pooled keep-alive HTTP/1 client, shared by the
+//! triggers that post to the same origin ([`super::pool`]).
 //!
 //! hyper's client is used directly: the URI, the fixed headers and the TLS configuration are
 //! built once, and a request is the body plus two header values. (reqwest, which the registry
@@ -6,7 +7,8 @@
 //! `docs/performance.md`.) The client does not follow redirects (a dispatcher answers; a
 //! redirect would resend the run and its token elsewhere).
 //!
-//! How the dispatcher is reached is decided once, when the trigger starts: TLS with the
+//! How the dispatcher is reached is decided once, when the trigger starts (and is part of what
+//! its pool is shared by): TLS with the
 //! trigger's CA and client certificate when configured (see [`crate::tls`]), and directly or
 //! through a CONNECT tunnel of an HTTP proxy (`dispatcher.proxy`, else the environment's
 //! `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY`). Only connection set-up differs: a request
@@ -14,6 +16,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -30,15 +33,20 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::proxy::matcher::{Intercept, Matcher};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
+use super::pool::{DispatchPools, Pool, PoolKey};
 use super::retry::parse_retry_after;
 use super::{classify, DispatchOutcome, DispatchRequest};
-use crate::config::DispatcherConfig;
+use crate::config::{DispatchConfig, DispatcherConfig, MAX_CONNECTIONS_PER_ORIGIN};
 
-type Connector = hyper_rustls::HttpsConnector<Route>;
+pub(super) type Connector = hyper_rustls::HttpsConnector<Route>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The most of an error answer's body kept for the error message.
 const MAX_ERROR_BODY: usize = 64 * 1024;
+/// How long opening a connection (TCP, and the proxy's CONNECT) may take; a trigger's
+/// `timeout_ms` bounds the whole request, this included.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The most of a batch's 2xx answer read: it may list the ids of failed events (10,000 ids
 /// of about 100 bytes fit). A longer one is not taken as an acceptance.
 const MAX_BATCH_ANSWER: usize = 4 * 1024 * 1024;
@@ -46,7 +54,8 @@ const MAX_BATCH_ANSWER: usize = 4 * 1024 * 1024;
 /// POSTs events to one trigger's dispatcher URL.
 #[derive(Clone)]
 pub struct HttpDispatcher {
-    client: Client<Connector, Full<Bytes>>,
+    /// The origin's client and its bounds (shared with other triggers' dispatchers).
+    pub(super) pool: Arc<Pool>,
     uri: Uri,
     /// Content type, user agent, authorization and the configured headers.
     headers: HeaderMap,
@@ -63,14 +72,29 @@ impl std::fmt::Debug for HttpDispatcher {
 }
 
 impl HttpDispatcher {
-    /// Builds the client with the trigger's auth, headers, TLS files and proxy (the
-    /// environment's proxy variables are read now).
+    /// Builds a client of its own with the trigger's auth, headers, TLS files and proxy (the
+    /// environment's proxy variables are read now), bounded only by the request count
+    /// (commands and tools; the daemon's triggers share pools through [`DispatchPools`]).
     pub fn try_new(config: &DispatcherConfig) -> Result<Self, String> {
         Self::try_new_with_env(config, &Matcher::from_env())
     }
 
     /// [`HttpDispatcher::try_new`] with the proxy rules of the environment given.
     fn try_new_with_env(config: &DispatcherConfig, env: &Matcher) -> Result<Self, String> {
+        let own = DispatchPools::new(DispatchConfig {
+            max_connections_per_origin: MAX_CONNECTIONS_PER_ORIGIN,
+            max_idle_per_origin: MAX_CONNECTIONS_PER_ORIGIN,
+        });
+        Self::try_new_in(config, env, &own)
+    }
+
+    /// The client of `config` in `pools`: the pool of its origin, TLS files and proxy, built
+    /// when none is alive.
+    pub(super) fn try_new_in(
+        config: &DispatcherConfig,
+        env: &Matcher,
+        pools: &DispatchPools,
+    ) -> Result<Self, String> {
         let url = config.url.expose();
         let mut headers = HeaderMap::new();
         let _ = headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -132,37 +156,43 @@ impl HttpDispatcher {
             let _ = headers.insert(HOST, value);
         }
 
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_millis(config.timeout_ms.min(10_000))));
-        let route = match proxy_for(config, env, &uri)? {
-            None => Route::Direct(http),
-            Some(proxy) => {
-                let tunnel = Tunnel::new(proxy.uri().clone(), http);
-                Route::Tunnel(match proxy.basic_auth() {
-                    Some(auth) => tunnel.with_auth(auth.clone()),
-                    None => tunnel,
-                })
-            }
+        let proxy = proxy_for(config, env, &uri)?;
+        let origin = format!(
+            "{}://{}",
+            url.scheme(),
+            uri.authority().map_or("", |a| a.as_str())
+        );
+        let files = config.tls_files();
+        let read = |path: Option<&std::path::Path>| path.and_then(|p| std::fs::read(p).ok());
+        let key = PoolKey {
+            origin: origin.clone(),
+            tls: [
+                read(files.ca_location),
+                read(files.certificate_location),
+                read(files.key_location),
+            ],
+            proxy: proxy.as_ref().map(|p| {
+                (
+                    p.uri().to_string(),
+                    p.basic_auth().map(|a| a.as_bytes().to_vec()),
+                )
+            }),
         };
-        let tls_config = crate::tls::client_config("dispatcher", config.tls_files())
-            .map_err(|e| e.to_string())?;
-        let tls = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(route);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(tls);
+        let pool = pools.get_or_build(key, |limits| {
+            let client = client(config, proxy, limits.max_idle_per_origin)?;
+            Ok(Pool::new(client, limits.max_connections_per_origin, origin))
+        })?;
         Ok(Self {
-            client,
+            pool,
             uri,
             headers,
             timeout: Duration::from_millis(config.timeout_ms),
         })
+    }
+
+    /// Whether `self` and `other` share one pool (the same origin, TLS files and proxy).
+    pub fn shares_pool_with(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.pool, &other.pool)
     }
 
     /// One attempt to start a run for `body`, with no envelope headers.
@@ -223,8 +253,19 @@ impl HttpDispatcher {
             };
             let _ = headers.insert(HeaderName::from_static(name), value);
         }
+        // A slot of the origin's pool first: the request's timeout starts once it has one.
+        let Some(slot) = self.pool.slot().await else {
+            return (
+                DispatchOutcome::Retryable {
+                    status: None,
+                    reason: "the dispatcher's connection pool is closed".to_owned(),
+                    retry_after: None,
+                },
+                Bytes::new(),
+            );
+        };
         let exchange = async {
-            let response = self.client.request(request).await?;
+            let response = self.pool.client.request(request).await?;
             let (parts, incoming) = response.into_parts();
             let status = parts.status.as_u16();
             // The answer's body is read to its end (up to a bound) so that the connection
@@ -249,7 +290,16 @@ impl HttpDispatcher {
             };
             Ok::<_, hyper_util::client::legacy::Error>((parts.headers, status, text, success))
         };
-        match tokio::time::timeout(self.timeout, exchange).await {
+        let result = tokio::time::timeout(self.timeout, exchange).await;
+        match &result {
+            Ok(Err(e)) if crate::limits::out_of_fds(e) => self.pool.out_of_fds(slot),
+            Ok(Ok(_)) => {
+                drop(slot);
+                self.pool.succeeded();
+            }
+            _ => drop(slot),
+        }
+        match result {
             Ok(Ok((_, status, _, None))) => (
                 DispatchOutcome::Retryable {
                     status: Some(status),
@@ -279,6 +329,21 @@ impl HttpDispatcher {
                 };
                 (classify(status, &body, retry_after), success)
             }
+            Ok(Err(e)) if crate::limits::out_of_fds(&e) => (
+                DispatchOutcome::Retryable {
+                    status: None,
+                    // Counting the open descriptors takes one, so only the limit is said.
+                    reason: format!(
+                        "out of file descriptors (the process's limit is {}): cannot connect \
+                         to the dispatcher; its pool now allows {} connections",
+                        crate::limits::open_files_limit()
+                            .map_or("unlimited".to_owned(), |n| n.to_string()),
+                        self.pool.capacity()
+                    ),
+                    retry_after: None,
+                },
+                Bytes::new(),
+            ),
             Ok(Err(e)) => match tls_refusal(&e) {
                 // No retry mends a certificate: a configuration error, as a 401 is.
                 Some(reason) => (
@@ -312,9 +377,44 @@ impl HttpDispatcher {
     }
 }
 
+/// The pooled client of `config`'s TLS files and route (`proxy`), keeping at most `max_idle`
+/// idle connections.
+fn client(
+    config: &DispatcherConfig,
+    proxy: Option<Intercept>,
+    max_idle: usize,
+) -> Result<Client<Connector, Full<Bytes>>, String> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    let route = match proxy {
+        None => Route::Direct(http),
+        Some(proxy) => {
+            let tunnel = Tunnel::new(proxy.uri().clone(), http);
+            Route::Tunnel(match proxy.basic_auth() {
+                Some(auth) => tunnel.with_auth(auth.clone()),
+                None => tunnel,
+            })
+        }
+    };
+    let tls_config =
+        crate::tls::client_config("dispatcher", config.tls_files()).map_err(|e| e.to_string())?;
+    let tls = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls_config)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(route);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(max_idle)
+        .build(tls))
+}
+
 /// How a trigger's connections reach the dispatcher, decided when the client is built.
 #[derive(Clone, Debug)]
-enum Route {
+pub(super) enum Route {
     /// A TCP connection to the dispatcher.
     Direct(HttpConnector),
     /// A TCP connection to an HTTP proxy and a CONNECT tunnel through it to the dispatcher.

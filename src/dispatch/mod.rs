@@ -6,9 +6,11 @@
 pub mod cloudevents;
 pub mod event;
 mod http;
+pub mod pool;
 pub mod retry;
 
 pub use http::HttpDispatcher;
+pub use pool::DispatchPools;
 
 use std::time::Duration;
 

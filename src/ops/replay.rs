@@ -223,6 +223,8 @@ fn reading_consumer(
 struct Pending {
     dead_letter: (i32, i64),
     id: String,
+    /// The original record's topic id, where the dead letter says it.
+    topic_id: Option<String>,
     original: OwnedMessage,
     event: Rendered,
 }
@@ -296,10 +298,12 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
             event::idempotency_key(
                 self.group,
                 original.topic(),
+                None,
                 original.partition(),
                 original.offset(),
             )
         });
+        let topic_id = header(&dead, crate::run::TOPIC_ID_HEADER);
         drop(dead);
         let Some((key, value)) = self.decode(&original).await? else {
             self.report(at, &id, None, 0, "undecodable");
@@ -339,6 +343,7 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
         }
         self.batch.push(Pending {
             dead_letter: at,
+            topic_id,
             id,
             original,
             event,
@@ -586,9 +591,10 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
     ) -> DispatchRequest {
         let first = &records[group[0]].original;
         let last = &records[group[group.len() - 1]].original;
+        let topic_id = records[group[0]].topic_id.as_deref();
         let events = group.iter().map(|&i| records[i].event.clone());
         self.renderer()
-            .batch(first, last, group.len(), conflict_nonce, events)
+            .batch(first, last, topic_id, group.len(), conflict_nonce, events)
     }
 }
 

@@ -19,17 +19,20 @@ use tracing::Instrument as _;
 
 use super::body::{self, Acceptance, Rendered};
 use super::decide::{decide, Attempts, Failure, Observed, Step};
-use super::error_policy::{apply_error_policy, expired, on_decode_error, on_panic};
+use super::error_policy::{
+    apply_error_policy, expired, on_decode_error, on_panic, operator_skip, OperatorSkip,
+};
 use super::{TriggerRuntime, WorkOutcome};
 use crate::codec::{DecodeError, Decoded, Field};
+use crate::control::{ActionError, ActionOutcome, Directive, ParkedKey, ParkedRun};
 use crate::core::batch;
 use crate::dispatch::event::{self, EventHeader};
 use crate::dispatch::DispatchOutcome;
 use crate::telemetry::trace;
 
 /// A record of the run.
-pub(super) struct Record {
-    pub(super) msg: OwnedMessage,
+pub(super) struct Record<'m> {
+    pub(super) msg: &'m OwnedMessage,
     /// Its idempotency key (a single event's key, a batch event's id).
     pub(super) id: String,
     headers: Vec<EventHeader>,
@@ -41,9 +44,9 @@ pub(super) struct Record {
     outcome: Option<WorkOutcome>,
 }
 
-impl Record {
-    fn new(trigger: &TriggerRuntime, msg: OwnedMessage) -> Self {
-        let headers = event::headers_of(&msg);
+impl<'m> Record<'m> {
+    fn new(trigger: &TriggerRuntime, topic_id: Option<&str>, msg: &'m OwnedMessage) -> Self {
+        let headers = event::headers_of(msg);
         if event::has_invalid_traceparent(&headers)
             && !trigger.warned_traceparent.swap(true, Ordering::Relaxed)
         {
@@ -54,7 +57,13 @@ impl Record {
             );
         }
         Self {
-            id: event::idempotency_key(&trigger.group, msg.topic(), msg.partition(), msg.offset()),
+            id: event::idempotency_key(
+                &trigger.group,
+                msg.topic(),
+                topic_id,
+                msg.partition(),
+                msg.offset(),
+            ),
             headers,
             msg,
             attempts: Attempts::default(),
@@ -72,26 +81,34 @@ impl Record {
 /// its permit back to wait.
 pub(super) async fn process(
     trigger: Arc<TriggerRuntime>,
-    msgs: Vec<OwnedMessage>,
+    topic_id: Option<Arc<str>>,
+    msgs: &[OwnedMessage],
     permit: OwnedSemaphorePermit,
     drain: CancellationToken,
     cancel: CancellationToken,
     yielded: impl Fn(),
 ) -> Vec<WorkOutcome> {
-    let mut records: Vec<Record> = msgs
-        .into_iter()
-        .map(|msg| Record::new(&trigger, msg))
+    let mut records: Vec<Record<'_>> = msgs
+        .iter()
+        .map(|msg| Record::new(&trigger, topic_id.as_deref(), msg))
         .collect();
     let mut run = Run {
         batch: body::is_batch(&trigger, records.len()),
         conflict_nonce: None,
+        topic_id: topic_id.as_deref(),
         trigger: &trigger,
         permit: Some(permit),
         drain: &drain,
         cancel: &cancel,
         yielded: &yielded,
+        parked: None,
+        last_answer: None,
     };
     let _ = run.run(&mut records).await;
+    if let Some(parked) = run.parked.take() {
+        let moved = records.iter().find_map(|r| r.outcome);
+        parked.finish(moved.unwrap_or(WorkOutcome::Abandoned).label());
+    }
     records
         .into_iter()
         .map(|r| r.outcome.unwrap_or(WorkOutcome::Abandoned))
@@ -107,6 +124,8 @@ type Then = Option<Option<Duration>>;
 
 struct Run<'a, Y: Fn()> {
     trigger: &'a TriggerRuntime,
+    /// The records' topic id (part of a batch's key).
+    topic_id: Option<&'a str>,
     /// Whether the request is a batch (see [`body::is_batch`]).
     batch: bool,
     /// Set at a batch's first 409: later requests of this run carry Idempotency-Keys of
@@ -116,10 +135,14 @@ struct Run<'a, Y: Fn()> {
     drain: &'a CancellationToken,
     cancel: &'a CancellationToken,
     yielded: &'a Y,
+    /// The run among its trigger's parked keys, from its first wait to try again on.
+    parked: Option<ParkedRun>,
+    /// The dispatcher's last answer to this run: its status and what it said.
+    last_answer: Option<(Option<u16>, String)>,
 }
 
 impl<Y: Fn()> Run<'_, Y> {
-    async fn run(&mut self, records: &mut [Record]) -> Result<(), Abandon> {
+    async fn run(&mut self, records: &mut [Record<'_>]) -> Result<(), Abandon> {
         // Groups still to send, the next on top: a rejected batch is replaced by its halves,
         // the earlier one on top, so the records of a key always go out in offset order.
         let mut stack = vec![(0..records.len()).collect::<Vec<usize>>()];
@@ -133,7 +156,8 @@ impl<Y: Fn()> Run<'_, Y> {
             self.wait_for_turn().await?;
             total += 1;
             if let Some(retry_after) = self.attempt(records, &mut stack, total).await? {
-                self.back_off(total, retry_after).await?;
+                self.back_off(records, &mut stack, total, retry_after)
+                    .await?;
             }
         }
         Ok(())
@@ -142,7 +166,7 @@ impl<Y: Fn()> Run<'_, Y> {
     /// One attempt of the group on top of `stack`.
     async fn attempt(
         &mut self,
-        records: &mut [Record],
+        records: &mut [Record<'_>],
         stack: &mut Vec<Vec<usize>>,
         total: u32,
     ) -> Result<Then, Abandon> {
@@ -181,7 +205,7 @@ impl<Y: Fn()> Run<'_, Y> {
             Ok((outcome, answer)) => self.read(records, stack, group, outcome, &answer).await,
             Err(panic) => {
                 let transient = failed_again(records, &group);
-                let step = on_panic(self.trigger, &records[group[0]].msg, &*panic, transient);
+                let step = on_panic(self.trigger, records[group[0]].msg, &*panic, transient);
                 self.after_failure(records, stack, group, step, false).await
             }
         })
@@ -189,7 +213,7 @@ impl<Y: Fn()> Run<'_, Y> {
 
     /// Age, decoding, the filter and the record's event; sets its outcome when it needs no
     /// run (or `on_error` handled it). Some(Retry-After) when it must wait and try again.
-    async fn screen(&self, r: &mut Record) -> Result<Option<Option<Duration>>, Abandon> {
+    async fn screen(&self, r: &mut Record<'_>) -> Result<Option<Option<Duration>>, Abandon> {
         // A panic while decoding (a decoder bug a record's bytes reach) is contained here:
         // counted, logged with the record's coordinates, and treated as a failed attempt, so
         // the retry policy and then `on_error` apply and the key moves.
@@ -208,7 +232,7 @@ impl<Y: Fn()> Run<'_, Y> {
             Ok(Err(step)) => step,
             Err(panic) => {
                 r.attempts.transient += 1;
-                on_panic(self.trigger, &r.msg, &*panic, r.attempts.transient)
+                on_panic(self.trigger, r.msg, &*panic, r.attempts.transient)
             }
         };
         Ok(match step {
@@ -218,7 +242,16 @@ impl<Y: Fn()> Run<'_, Y> {
             }
             Step::Retry { retry_after } => Some(retry_after),
             Step::Fail(failure) => {
-                match apply_error_policy(self.trigger, &r.msg, &r.id, &r.attempts, &failure).await {
+                match apply_error_policy(
+                    self.trigger,
+                    r.msg,
+                    self.topic_id,
+                    &r.id,
+                    &r.attempts,
+                    &failure,
+                )
+                .await
+                {
                     Some(outcome) => {
                         r.outcome = Some(outcome);
                         None
@@ -232,12 +265,19 @@ impl<Y: Fn()> Run<'_, Y> {
     /// One request for the records `group` of `records`.
     async fn dispatch(
         &self,
-        records: &mut [Record],
+        records: &mut [Record<'_>],
         group: &[usize],
         attempt: u32,
     ) -> (DispatchOutcome, bytes::Bytes) {
         let trigger = self.trigger;
-        let request = body::request(trigger, self.batch, records, group, self.conflict_nonce);
+        let request = body::request(
+            trigger,
+            self.batch,
+            self.topic_id,
+            records,
+            group,
+            self.conflict_nonce,
+        );
         let started = std::time::Instant::now();
         let dispatching = if trace::exporting() {
             tracing::info_span!(
@@ -276,7 +316,7 @@ impl<Y: Fn()> Run<'_, Y> {
     /// What the answer to the request for `group` (taken off `stack`) means for its records.
     async fn read(
         &mut self,
-        records: &mut [Record],
+        records: &mut [Record<'_>],
         stack: &mut Vec<Vec<usize>>,
         group: Vec<usize>,
         outcome: DispatchOutcome,
@@ -344,6 +384,7 @@ impl<Y: Fn()> Run<'_, Y> {
                     trigger.throttle(ra);
                 }
                 let transient = failed_again(records, &group);
+                self.last_answer = Some((status, reason.clone()));
                 trigger.failed(&format!("dispatcher failing: {reason}"));
                 let msg = &records[group[0]].msg;
                 tracing::warn!(
@@ -371,6 +412,7 @@ impl<Y: Fn()> Run<'_, Y> {
                     stack.push(first);
                     return None;
                 }
+                self.last_answer = Some((Some(status), reason.clone()));
                 trigger.failed(&format!("dispatcher rejected a message with HTTP {status}"));
                 let msg = &records[group[0]].msg;
                 tracing::warn!(
@@ -383,6 +425,7 @@ impl<Y: Fn()> Run<'_, Y> {
                 (group, Observed::Rejected, message, Some(status), transient)
             }
             DispatchOutcome::Invalid { reason } => {
+                self.last_answer = Some((None, reason.clone()));
                 let what = if self.batch { "batch" } else { "record" };
                 trigger.failed(&format!(
                     "{what} cannot be sent to the dispatcher: {reason}"
@@ -398,6 +441,7 @@ impl<Y: Fn()> Run<'_, Y> {
                 (group, Observed::Invalid, message, None, transient)
             }
             DispatchOutcome::Unauthorized { status, reason } => {
+                self.last_answer = Some((Some(status).filter(|s| *s > 0), reason.clone()));
                 // Status 0: the TLS handshake was refused (no HTTP answer at all); the
                 // reason says which side and what to check.
                 trigger.stop(&match status {
@@ -430,7 +474,7 @@ impl<Y: Fn()> Run<'_, Y> {
     /// schema id each record's value was decoded with.
     async fn after_failure(
         &self,
-        records: &mut [Record],
+        records: &mut [Record<'_>],
         stack: &mut Vec<Vec<usize>>,
         group: Vec<usize>,
         step: Step,
@@ -460,7 +504,16 @@ impl<Y: Fn()> Run<'_, Y> {
                 },
                 ..failure.clone()
             };
-            match apply_error_policy(self.trigger, &r.msg, &r.id, &r.attempts, &failure).await {
+            match apply_error_policy(
+                self.trigger,
+                r.msg,
+                self.topic_id,
+                &r.id,
+                &r.attempts,
+                &failure,
+            )
+            .await
+            {
                 Some(outcome) => r.outcome = Some(outcome),
                 None => left.push(i),
             }
@@ -499,9 +552,12 @@ impl<Y: Fn()> Run<'_, Y> {
     }
 
     /// Gives the permit back (so that other keys keep their concurrency) and waits the
-    /// backoff; Abandon when draining.
+    /// backoff, parked: an operator may have the record tried at once or skipped meanwhile.
+    /// Abandon when draining.
     async fn back_off(
         &mut self,
+        records: &mut [Record<'_>],
+        stack: &mut Vec<Vec<usize>>,
         attempt: u32,
         retry_after: Option<Duration>,
     ) -> Result<(), Abandon> {
@@ -512,15 +568,158 @@ impl<Y: Fn()> Run<'_, Y> {
             .trigger
             .backoff
             .delay(attempt, retry_after, rand::random::<f64>());
-        tokio::select! {
-            _ = self.drain.cancelled() => Err(Abandon),
-            _ = tokio::time::sleep(delay) => Ok(()),
+        let until = Instant::now() + delay;
+        self.park(records, stack, delay);
+        loop {
+            let Some(parked) = self.parked.as_mut() else {
+                return Ok(());
+            };
+            let directive = tokio::select! {
+                _ = self.drain.cancelled() => return Err(Abandon),
+                _ = tokio::time::sleep_until(until) => return Ok(()),
+                d = parked.directive() => d,
+            };
+            match directive {
+                Directive::RetryNow { reply } => {
+                    let _ = reply.send(Ok(ActionOutcome::new("retrying")));
+                    return Ok(());
+                }
+                Directive::Skip {
+                    offset,
+                    reason,
+                    by,
+                    reply,
+                } => {
+                    let skipped = self.skip(records, stack, offset, &reason, &by).await;
+                    let moved = skipped.is_ok();
+                    let _ = reply.send(skipped);
+                    if moved {
+                        return Ok(());
+                    }
+                }
+            }
         }
+    }
+
+    /// The run waits to try the group on top of `stack` again in `delay`: it joins (or
+    /// updates) its trigger's parked keys.
+    fn park(&mut self, records: &[Record<'_>], stack: &[Vec<usize>], delay: Duration) {
+        let Some(group) = stack.last() else {
+            return;
+        };
+        let waiting: Vec<&Record> = group
+            .iter()
+            .map(|&i| &records[i])
+            .filter(|r| r.outcome.is_none())
+            .collect();
+        let Some(first) = waiting.first() else {
+            return;
+        };
+        let trigger = self.trigger;
+        let (status, answer) = match &self.last_answer {
+            Some((status, answer)) => (*status, Some(answer.clone())),
+            None => (None, trigger.recent_failure(Duration::MAX)),
+        };
+        // The status is shown beside the answer: the reason's own `HTTP 503: ` goes.
+        let answer = answer.map(|a| {
+            let a = super::error_policy::sanitize(&a);
+            let prefix = status.map(|s| format!("HTTP {s}"));
+            let rest = prefix
+                .as_deref()
+                .and_then(|p| a.strip_prefix(p))
+                .map_or(a.as_str(), |r| r.trim_start_matches(':').trim_start());
+            rest.chars().take(200).collect::<String>()
+        });
+        let offsets: Vec<i64> = waiting.iter().map(|r| r.msg.offset()).collect();
+        let next_attempt_ms =
+            crate::control::trigger::now_ms() + i64::try_from(delay.as_millis()).unwrap_or(0);
+        let next = crate::control::what_next(&trigger.config, first.attempts.transient);
+        let attempts = first.attempts.total;
+        match &self.parked {
+            Some(parked) => parked.update(|k| {
+                k.offset = offsets[0];
+                k.offsets = offsets;
+                k.attempts = attempts;
+                k.next_attempt_ms = next_attempt_ms;
+                k.last_status = status;
+                k.last_answer = answer;
+                k.next = next;
+            }),
+            None => {
+                let (key, key_base64) = crate::control::trigger::shown_key(first.msg.key());
+                self.parked = Some(trigger.control.park(ParkedKey {
+                    topic: first.msg.topic().to_owned(),
+                    partition: first.msg.partition(),
+                    offset: offsets[0],
+                    offsets,
+                    key,
+                    key_base64,
+                    attempts,
+                    since_ms: crate::control::trigger::now_ms(),
+                    next_attempt_ms,
+                    last_status: status,
+                    last_answer: answer,
+                    next,
+                    owner: String::new(),
+                }));
+            }
+        }
+    }
+
+    /// An operator's skip of the run's record at `offset`: dead-lettered (or recorded as
+    /// skipped without a dead-letter topic), handled, and out of the groups still to send.
+    async fn skip(
+        &self,
+        records: &mut [Record<'_>],
+        stack: &mut Vec<Vec<usize>>,
+        offset: i64,
+        reason: &str,
+        by: &str,
+    ) -> Result<ActionOutcome, ActionError> {
+        let Some(i) = records
+            .iter()
+            .position(|r| r.msg.offset() == offset && r.outcome.is_none())
+        else {
+            return Err(ActionError::NotFound(format!(
+                "offset {offset} is not parked in this run"
+            )));
+        };
+        let r = &mut records[i];
+        let skip = OperatorSkip {
+            reason,
+            by,
+            last: self.last_answer.as_ref(),
+        };
+        let (outcome, position) = operator_skip(
+            self.trigger,
+            r.msg,
+            self.topic_id,
+            &r.id,
+            &r.attempts,
+            &skip,
+        )
+        .await
+        .map_err(ActionError::Failed)?;
+        r.outcome = Some(outcome);
+        for group in stack.iter_mut() {
+            group.retain(|&j| j != i);
+        }
+        stack.retain(|g| !g.is_empty());
+        let done = ActionOutcome {
+            outcome: outcome.label().to_owned(),
+            dead_letter: position,
+            already: false,
+        };
+        let msg = &records[i].msg;
+        self.trigger
+            .control
+            .remember_skip(msg.topic(), msg.partition(), offset, &done);
+        Ok(done)
     }
 }
 
 /// One more transient failure for each record of `group`; the most any of them has had.
-fn failed_again(records: &mut [Record], group: &[usize]) -> u32 {
+fn failed_again(records: &mut [Record<'_>], group: &[usize]) -> u32 {
     for &i in group {
         records[i].attempts.transient += 1;
     }
@@ -528,7 +727,7 @@ fn failed_again(records: &mut [Record], group: &[usize]) -> u32 {
 }
 
 /// The most transient failures a record of `group` has had.
-fn most_transient(records: &[Record], group: &[usize]) -> u32 {
+fn most_transient(records: &[Record<'_>], group: &[usize]) -> u32 {
     group
         .iter()
         .map(|&i| records[i].attempts.transient)
@@ -536,7 +735,7 @@ fn most_transient(records: &[Record], group: &[usize]) -> u32 {
         .unwrap_or_default()
 }
 
-fn accepted(trigger: &TriggerRuntime, r: &mut Record) {
+fn accepted(trigger: &TriggerRuntime, r: &mut Record<'_>) {
     r.outcome = Some(WorkOutcome::Accepted);
     if let Some(ts) = r.msg.timestamp().to_millis() {
         let now_ms = std::time::SystemTime::now()
@@ -552,32 +751,30 @@ fn accepted(trigger: &TriggerRuntime, r: &mut Record) {
 async fn screen_record(
     trigger: &TriggerRuntime,
     batch: bool,
-    r: &mut Record,
+    r: &mut Record<'_>,
 ) -> Result<Rendered, Step> {
-    if let Some(step) = expired(trigger, &r.msg) {
+    if let Some(step) = expired(trigger, r.msg) {
         return Err(step);
     }
     let decoded = if trace::exporting() {
         let decoding = tracing::info_span!(target: trace::TARGET, "decode");
-        decode(trigger, &r.msg).instrument(decoding).await
+        decode(trigger, r.msg).instrument(decoding).await
     } else {
-        decode(trigger, &r.msg).await
+        decode(trigger, r.msg).await
     };
     let (key, value) = match decoded {
         Ok(kv) => {
             trigger.metrics().decoded(kv.1.schema.format);
             kv
         }
-        Err((field, e)) => {
-            return Err(on_decode_error(trigger, &r.msg, field, &e, &mut r.attempts))
-        }
+        Err((field, e)) => return Err(on_decode_error(trigger, r.msg, field, &e, &mut r.attempts)),
     };
-    if let Some(outcome) = crate::run::filter::screen(trigger, &r.msg, &r.headers, &key, &value) {
+    if let Some(outcome) = crate::run::filter::screen(trigger, r.msg, &r.headers, &key, &value) {
         return Err(Step::Done(outcome));
     }
     r.schema_id = value.schema.id;
     Ok(body::render(
-        trigger, batch, &r.id, &r.msg, &r.headers, &key, &value,
+        trigger, batch, &r.id, r.msg, &r.headers, &key, &value,
     ))
 }
 

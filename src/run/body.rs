@@ -78,6 +78,7 @@ impl Renderer<'_> {
         &self,
         first: &OwnedMessage,
         last: &OwnedMessage,
+        topic_id: Option<&str>,
         count: usize,
         conflict_nonce: Option<u64>,
         events: impl IntoIterator<Item = Rendered>,
@@ -89,7 +90,7 @@ impl Renderer<'_> {
                 Rendered::CloudEvent(e) => structured.push(e),
             }
         }
-        let key = batch::request_key(self.group, first, last, count, conflict_nonce);
+        let key = batch::request_key(self.group, topic_id, first, last, count, conflict_nonce);
         let (body, envelope) = if self.cloudevents.is_some() {
             cloudevents::structured_batch(&structured)
         } else {
@@ -152,7 +153,8 @@ pub(super) fn render(
 pub(super) fn request(
     trigger: &TriggerRuntime,
     batch: bool,
-    records: &mut [Record],
+    topic_id: Option<&str>,
+    records: &mut [Record<'_>],
     group: &[usize],
     conflict_nonce: Option<u64>,
 ) -> DispatchRequest {
@@ -172,7 +174,7 @@ pub(super) fn request(
     }
     let events: Vec<Rendered> = events.collect();
     let (first, last) = (&records[group[0]].msg, &records[group[group.len() - 1]].msg);
-    renderer(trigger).batch(first, last, group.len(), conflict_nonce, events)
+    renderer(trigger).batch(first, last, topic_id, group.len(), conflict_nonce, events)
 }
 
 /// Sends `request`; a batch's answer also brings the body of a 2xx (which may name failed
@@ -206,7 +208,7 @@ pub(super) fn read_acceptance(
     status: u16,
     answer: &[u8],
     conflict_nonce: Option<u64>,
-    records: &[Record],
+    records: &[Record<'_>],
     group: &[usize],
 ) -> Acceptance {
     if !batch {

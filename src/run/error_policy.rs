@@ -97,6 +97,7 @@ pub(super) fn on_decode_error(
 pub(super) async fn apply_error_policy(
     trigger: &TriggerRuntime,
     msg: &OwnedMessage,
+    topic_id: Option<&str>,
     id: &str,
     attempts: &Attempts,
     failure: &Failure,
@@ -124,7 +125,7 @@ pub(super) async fn apply_error_policy(
             else {
                 return None;
             };
-            let extra = dead_letter_headers(trigger, msg, id, attempts, failure);
+            let extra = dead_letter_headers(trigger, msg, topic_id, id, attempts, failure);
             match producer.write_copy(topic, msg, &extra).await {
                 Ok((partition, offset)) => {
                     tracing::warn!(
@@ -166,6 +167,76 @@ pub(super) async fn apply_error_policy(
     }
 }
 
+/// The dead letter's header with the original record's topic id, where the cluster has them
+/// (`dlq replay` names a batch with it, as the run did).
+pub const TOPIC_ID_HEADER: &str = "tessel.topic.id";
+
+/// An operator's skip: why, by which token, and the dispatcher's last answer (status, text).
+pub(super) struct OperatorSkip<'a> {
+    pub(super) reason: &'a str,
+    pub(super) by: &'a str,
+    pub(super) last: Option<&'a (Option<u16>, String)>,
+}
+
+/// An operator skips the parked record `msg` (`skip.by`: the token's name): a copy goes to the
+/// trigger's dead-letter topic with stage `OPERATOR_SKIP`, class `skipped_by_operator`, the
+/// reason and the last answer (`tessel.skipped.by` names the token), or, without a
+/// dead-letter topic, it is recorded as skipped. Either way it is handled: its offset may be
+/// committed and its key goes on. Err: the dead-letter write failed; nothing changed.
+pub(super) async fn operator_skip(
+    trigger: &TriggerRuntime,
+    msg: &OwnedMessage,
+    topic_id: Option<&str>,
+    id: &str,
+    attempts: &Attempts,
+    skip: &OperatorSkip<'_>,
+) -> Result<(WorkOutcome, Option<crate::control::DeadLetterPosition>), String> {
+    let (reason, by, last) = (skip.reason, skip.by, skip.last);
+    let last_answer = last.map_or(String::new(), |(_, a)| format!("; last answer: {a}"));
+    let (Some(producer), Some(topic)) = (&trigger.producer, &trigger.config.dead_letter_topic)
+    else {
+        tracing::warn!(
+            connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+            partition = msg.partition(), offset = msg.offset(), token = by, reason = %sanitize(reason),
+            "record skipped by an operator (the trigger has no dead-letter topic): recorded as skipped, its key goes on"
+        );
+        return Ok((WorkOutcome::Skipped, None));
+    };
+    let failure = Failure {
+        stage: "OPERATOR_SKIP",
+        class: "skipped_by_operator",
+        message: format!("skipped by an operator: {reason}{last_answer}"),
+        status: last.and_then(|(s, _)| *s),
+        schema_id: None,
+    };
+    let mut extra = dead_letter_headers(trigger, msg, topic_id, id, attempts, &failure);
+    extra.push(("tessel.skipped.by".into(), by.to_owned()));
+    match producer.write_copy(topic, msg, &extra).await {
+        Ok((partition, offset)) => {
+            tracing::warn!(
+                connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+                partition = msg.partition(), offset = msg.offset(), token = by, reason = %sanitize(reason),
+                dead_letter_topic = %topic, dead_letter_partition = partition,
+                dead_letter_offset = offset, "record skipped by an operator: dead-lettered, its key goes on"
+            );
+            let position = crate::control::DeadLetterPosition {
+                topic: topic.clone(),
+                partition,
+                offset,
+            };
+            Ok((WorkOutcome::DeadLettered, Some(position)))
+        }
+        Err(e) => {
+            let fatal = producer.fatal_error();
+            let why = crate::produce::producer::refused_write(&e, fatal.as_ref(), topic)
+                .unwrap_or_else(|| e.to_string());
+            Err(format!(
+                "cannot write to the dead-letter topic {topic}: {why}; the record stays parked"
+            ))
+        }
+    }
+}
+
 /// The dead letter's header with the original record's timestamp, in milliseconds since the
 /// epoch (absent when the record had none).
 pub const ORIGINAL_TIMESTAMP_HEADER: &str = "tessel.original.timestamp.ms";
@@ -174,6 +245,7 @@ pub const ORIGINAL_TIMESTAMP_HEADER: &str = "tessel.original.timestamp.ms";
 fn dead_letter_headers(
     trigger: &TriggerRuntime,
     msg: &OwnedMessage,
+    topic_id: Option<&str>,
     id: &str,
     attempts: &Attempts,
     failure: &Failure,
@@ -209,6 +281,9 @@ fn dead_letter_headers(
     ];
     if let Some(s) = failure.status {
         h.push(("tessel.http.status".into(), s.to_string()));
+    }
+    if let Some(t) = topic_id {
+        h.push((TOPIC_ID_HEADER.into(), t.to_owned()));
     }
     if let Some(sid) = failure.schema_id {
         h.push(("tessel.schema.id".into(), sid.to_string()));

@@ -54,7 +54,7 @@ use crate::telemetry::metrics;
 
 pub use decide::{decide, Next, Observed, RetryPolicy};
 use error_policy::sanitize;
-pub use error_policy::ORIGINAL_TIMESTAMP_HEADER;
+pub use error_policy::{ORIGINAL_TIMESTAMP_HEADER, TOPIC_ID_HEADER};
 
 /// Everything a trigger's messages need, shared by its workers.
 #[derive(Debug)]
@@ -92,6 +92,9 @@ pub struct TriggerRuntime {
     pub metrics: std::sync::OnceLock<metrics::TriggerMetrics>,
     /// With `envelope = "cloudevents"`: how records become CloudEvents.
     pub cloudevents: Option<crate::dispatch::cloudevents::CloudEvents>,
+    /// What operators see and do: the target state (paused: no new run starts), the parked
+    /// keys, the recent outcomes.
+    pub control: Arc<crate::control::TriggerControl>,
 }
 
 impl TriggerRuntime {

@@ -30,7 +30,12 @@ impl Shell for KafkaShell {
     type Permit = OwnedSemaphorePermit;
     type Record = OwnedMessage;
 
+    /// None while an operator paused the trigger: nothing of it starts (its partitions wait,
+    /// starved, until the resume wakes them).
     fn try_permit(trigger: &Trigger) -> Option<OwnedSemaphorePermit> {
+        if trigger.control.paused() {
+            return None;
+        }
         Arc::clone(&trigger.permits).try_acquire_owned().ok()
     }
 }
@@ -52,6 +57,10 @@ impl Record for OwnedMessage {
         Message::payload(self).map_or(0, <[u8]>::len)
     }
 }
+
+/// How long a run that ended without an outcome outside a revoke waits before its records
+/// are given back to start again.
+const RETURN_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the runs of one assignment are told: stop retrying (`drain`), give up (`cancel`).
 #[derive(Default)]
@@ -88,6 +97,10 @@ pub(crate) struct RunFinished {
     /// The key the run held (single-record runs; a batch holds none).
     pub(crate) key: Option<Vec<u8>>,
     pub(crate) records: Vec<(i64, WorkOutcome)>,
+    /// Records the run ended without an outcome for, outside a revoke or stop (its task
+    /// panicked outside an attempt, say): given back to start again, before the later
+    /// records of their key. Not among `records`.
+    pub(crate) returned: Vec<OwnedMessage>,
     /// The run's `consume` span (disabled unless traces are exported).
     pub(crate) span: tracing::Span,
 }
@@ -142,7 +155,7 @@ impl Runs {
     /// A run ended: its records' offsets and whether each is handled, for the core; its
     /// records leave the runs-in-flight gauge.
     pub(crate) fn finished(&self, f: &RunFinished) -> Vec<(i64, bool)> {
-        self.in_flight_add(f.trigger, -(f.records.len() as f64));
+        self.in_flight_add(f.trigger, -((f.records.len() + f.returned.len()) as f64));
         f.records
             .iter()
             .map(|(offset, outcome)| (*offset, outcome.is_handled()))
@@ -157,6 +170,7 @@ impl Runs {
                 continue;
             }
             metrics.handled(outcome.label());
+            trigger.control.count(outcome.label(), 1);
             f.span.record("tessel.outcome", outcome.label());
             if !f.span.is_disabled() {
                 let _commit = tracing::info_span!(
@@ -196,6 +210,7 @@ impl Runs {
         let Start {
             id,
             generation,
+            topic_id,
             key,
             msg,
             batch,
@@ -221,14 +236,15 @@ impl Runs {
             let (connection, name) = (trigger.connection.clone(), trigger.name.clone());
             let (topic, partition) = (Message::topic(&msgs[0]).to_owned(), Message::partition(&msgs[0]));
             // The run contains panics of an attempt itself; this catches one in its own
-            // bookkeeping, so that the end is always reported and the key never stays in
-            // flight. The records are then abandoned: not committed, offered again after the
-            // next rebalance or restart.
+            // bookkeeping, so that the end is always reported. Records left without an
+            // outcome outside a revoke or stop are given back and start again (after a
+            // pause, so that a panic that recurs does not spin), keeping their key held.
             // Boxed: the run's future is several KB, and the task around it (span, panic
             // guard) would be copied whole on every spawn (for single records, memmove went
             // from 5.4% to 3.9% of the connector's CPU when boxed).
+            let draining = drain.clone();
             let work = Box::pin(attempt::process(
-                trigger, msgs, permit, drain, cancel, yielded,
+                trigger, topic_id, &msgs, permit, drain, cancel, yielded,
             ));
             let outcomes = std::panic::AssertUnwindSafe(work.instrument(task_span))
                 .catch_unwind()
@@ -236,25 +252,33 @@ impl Runs {
                 .unwrap_or_else(|_| {
                     metrics::worker_panic(&connection, &name);
                     tracing::error!(connection = %connection, trigger = %name, topic = %topic,
-                        partition, offset = offsets[0], "worker panicked outside an attempt; the record is left uncommitted");
+                        partition, offset = offsets[0], "worker panicked outside an attempt; the record starts again");
                     Vec::new()
                 });
-            let records = offsets
-                .iter()
-                .enumerate()
-                .map(|(i, o)| {
-                    (
-                        *o,
-                        outcomes.get(i).copied().unwrap_or(WorkOutcome::Abandoned),
-                    )
-                })
-                .collect();
+            let outcome = |i: usize| outcomes.get(i).copied().unwrap_or(WorkOutcome::Abandoned);
+            let give_back = !draining.is_cancelled()
+                && (0..msgs.len()).any(|i| outcome(i) == WorkOutcome::Abandoned);
+            let mut records = Vec::with_capacity(msgs.len());
+            let mut returned = Vec::new();
+            for (i, msg) in msgs.into_iter().enumerate() {
+                match outcome(i) {
+                    WorkOutcome::Abandoned if give_back => returned.push(msg),
+                    o => records.push((offsets[i], o)),
+                }
+            }
+            if give_back {
+                tokio::select! {
+                    _ = draining.cancelled() => {}
+                    _ = tokio::time::sleep(RETURN_PAUSE) => {}
+                }
+            }
             let _ = done.send(WorkerEvent::Finished(RunFinished {
                 id,
                 generation,
                 trigger: trigger_index,
                 key,
                 records,
+                returned,
                 // A batch's span has no outcome of its own, nor commit children.
                 span: if batch { tracing::Span::none() } else { span },
             }));

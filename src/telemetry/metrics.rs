@@ -69,12 +69,41 @@ pub const PRODUCE_REQUESTS: &str = "tessel_kafka_produce_requests_total";
 /// Worker tasks that panicked on a record, by connection and trigger.
 pub const WORKER_PANICS: &str = "tessel_kafka_worker_panics_total";
 
+/// Positions that moved back (an offset reset, a truncated log) and topics created again
+/// under the same name, by connection, topic and reason.
+pub const POSITION_RESETS: &str = "tessel_kafka_position_resets_total";
+/// Panics in a connection's own tasks (poll, ops, supervisor), each followed by a restart of
+/// the connection, by connection.
+pub const CONNECTION_PANICS: &str = "tessel_kafka_connection_panics_total";
+/// Keys parked: a run waiting to try its record again, by connection and trigger.
+pub const PARKED_KEYS: &str = "tessel_kafka_parked_keys";
+/// Operators' actions (pause, resume, retry, skip, redrive), by action and result.
+pub const OPERATOR_ACTIONS: &str = "tessel_kafka_operator_actions_total";
+
 /// Whether a connection runs (1) or waits to start again after a failure (0).
 pub const CONNECTION_UP: &str = "tessel_kafka_connection_up";
 /// Connections that could not start or stopped with an error, by connection.
 pub const CONNECTION_FAILURES: &str = "tessel_kafka_connection_failures_total";
 /// Configuration reloads, by result.
 pub const CONFIG_RELOADS: &str = "tessel_kafka_config_reloads_total";
+/// Whether the last configuration reload succeeded (1) or was refused (0).
+pub const CONFIG_LAST_RELOAD_SUCCESSFUL: &str = "tessel_kafka_config_last_reload_successful";
+
+/// Connections this replica runs (placed here by the region, or all of them without one).
+pub const REGION_CONNECTIONS_PLACED: &str = "tessel_kafka_region_connections_placed";
+/// librdkafka clients in this process (consumers, producers, the region's own).
+pub const REGION_CLIENTS: &str = "tessel_kafka_region_clients";
+/// The region group's generation as this replica knows it.
+pub const REGION_GENERATION: &str = "tessel_kafka_region_generation";
+/// This replica's share of the region's load: the consumer lag in seconds of each connection
+/// it runs (its partitions' largest), summed.
+pub const REGION_LOAD: &str = "tessel_kafka_region_load";
+/// Open file descriptors of the process.
+pub const OPEN_FDS: &str = "tessel_kafka_open_fds";
+/// The process's soft limit on open file descriptors.
+pub const OPEN_FDS_LIMIT: &str = "tessel_kafka_open_fds_limit";
+/// Attempts that failed because the process ran out of file descriptors.
+pub const FDS_EXHAUSTED: &str = "tessel_kafka_fds_exhausted_total";
 
 /// Always 1, with the version and the librdkafka version as labels.
 pub const BUILD_INFO: &str = "tessel_kafka_build_info";
@@ -115,10 +144,22 @@ pub const INVENTORY: &[(&str, Kind, &str)] = &[
     (REGISTRY_CACHE, Kind::Counter, "Schema cache lookups, by connection and result (hit, miss)."),
     (PRODUCE_REQUESTS, Kind::Counter, "Produce API requests, by connection and HTTP status."),
     (BUILD_INFO, Kind::Gauge, "Always 1; the labels say which build is running."),
-    (CONNECTION_UP, Kind::Gauge, "Whether the connection runs (1) or waits to start again after a failure (0), by connection."),
+    (CONNECTION_UP, Kind::Gauge, "Whether the connection runs (1) or waits to start again after a failure (0), by connection; only for connections that run on this replica (all of them without [region.kafka])."),
     (CONNECTION_FAILURES, Kind::Counter, "Connections that could not start (clients, consumer) or stopped with an error, by connection; each is retried with backoff while the others run."),
     (CONFIG_RELOADS, Kind::Counter, "Configuration reloads, by result (ok, invalid: refused, the running configuration kept)."),
+    (POSITION_RESETS, Kind::Counter, "A partition's position moved back within an assignment (reason moved_back: an offset reset after an out-of-range fetch, a truncated log; its records from there run again) or its topic was deleted and created again under the same name (reason topic_recreated: read from auto.offset.reset), by connection and topic."),
+    (CONNECTION_PANICS, Kind::Counter, "Panics in a connection's own tasks (polling, commits, its supervisor), by connection; each restarts the connection with backoff."),
+    (CONFIG_LAST_RELOAD_SUCCESSFUL, Kind::Gauge, "Whether the last configuration reload succeeded (1, also before the first reload) or was refused (0: the files as they are now do not load; the running configuration is kept, and a restart would fail on them)."),
     (WORKER_PANICS, Kind::Counter, "Worker tasks that panicked while handling a record, by trigger (contained; the record is retried, then on_error applies)."),
+    (PARKED_KEYS, Kind::Gauge, "Keys parked on this replica, by connection and trigger: a run waiting to try its record again after a failed attempt (its key's later records wait behind it). GET /api/v1/status names each."),
+    (OPERATOR_ACTIONS, Kind::Counter, "Operators' actions through the API, console or ctl, by connection, trigger, action (pause, resume, retry, skip, redrive) and result (ok, refused, failed). Refused: no grant, a bad request or nothing to act on."),
+    (REGION_CONNECTIONS_PLACED, Kind::Gauge, "Connections this replica runs: those the region placed here, or every configured one without [region.kafka]."),
+    (REGION_CLIENTS, Kind::Gauge, "librdkafka clients in this process: consumers and producers of the connections it runs, and the region's own consumer."),
+    (REGION_GENERATION, Kind::Gauge, "The region group's generation as this replica last saw it (0 before it joined, and without [region.kafka])."),
+    (REGION_LOAD, Kind::Gauge, "This replica's share of the region's load: over the connections it runs, the consumer lag in seconds of each (its oldest record waiting), summed. sum() over the replicas is the region's load, what autoscaling follows."),
+    (OPEN_FDS, Kind::Gauge, "Open file descriptors of the process (sockets, librdkafka's wake-up descriptors, files)."),
+    (OPEN_FDS_LIMIT, Kind::Gauge, "The process's soft limit on open file descriptors (raised to the hard limit at start)."),
+    (FDS_EXHAUSTED, Kind::Counter, "Dispatcher connections that could not be opened because the process ran out of file descriptors (EMFILE, ENFILE)."),
 ];
 
 /// Buckets of the dispatch latency, in seconds: a dispatcher answers in milliseconds to a few
@@ -185,12 +226,118 @@ pub async fn run_upkeep(handle: PrometheusHandle, shutdown: tokio_util::sync::Ca
     }
 }
 
-/// The `/metrics` text: the recorder's metrics, then consumer lag.
+/// The `/metrics` text: the recorder's metrics, consumer lag, then what is read when scraped:
+/// the region load, the clients and the process's descriptors.
 pub fn render(handle: &PrometheusHandle) -> String {
     let mut text = handle.render();
     render_partition_gauge(&mut text, CONSUMER_LAG, &lag_series());
-    render_partition_gauge(&mut text, CONSUMER_LAG_SECONDS, &lag_seconds_series());
+    let lag_seconds = lag_seconds_series();
+    render_partition_gauge(&mut text, CONSUMER_LAG_SECONDS, &lag_seconds);
+    let load = region_load(&lag_seconds);
+    drop(lag_seconds);
+    render_connection_gauge(&mut text, CONNECTION_UP, &connections_up());
+    render_gauge(&mut text, REGION_LOAD, Some(load));
+    render_gauge(&mut text, REGION_CLIENTS, Some(live_clients() as f64));
+    render_gauge(
+        &mut text,
+        OPEN_FDS,
+        crate::limits::open_fds().map(|n| n as f64),
+    );
+    render_gauge(
+        &mut text,
+        OPEN_FDS_LIMIT,
+        crate::limits::open_files_limit().map(|n| n as f64),
+    );
     text
+}
+
+/// The region load of this replica from the lag in seconds of its partitions: per connection
+/// the age of its oldest record waiting (its partitions' largest lag), summed.
+fn region_load(lag_seconds: &PartitionSeries) -> f64 {
+    let mut per_connection: BTreeMap<&str, f64> = BTreeMap::new();
+    for ((connection, _, _), seconds) in lag_seconds {
+        let max = per_connection.entry(connection).or_insert(0.0);
+        *max = max.max(*seconds);
+    }
+    per_connection.values().sum()
+}
+
+/// Writes a gauge's `# HELP` (from [`INVENTORY`]) and `# TYPE` lines.
+fn gauge_header(out: &mut String, name: &str) {
+    let help = INVENTORY
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map_or("", |(_, _, h)| *h);
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+}
+
+/// Writes a gauge labelled by connection (nothing when it has no series).
+fn render_connection_gauge(out: &mut String, name: &str, series: &BTreeMap<String, f64>) {
+    if series.is_empty() {
+        return;
+    }
+    gauge_header(out, name);
+    for (connection, value) in series {
+        let _ = writeln!(
+            out,
+            "{name}{{connection=\"{}\"}} {value}",
+            escape_label(connection)
+        );
+    }
+    out.push('\n');
+}
+
+/// Writes a gauge without labels (nothing when `value` is None).
+fn render_gauge(out: &mut String, name: &str, value: Option<f64>) {
+    let Some(value) = value else {
+        return;
+    };
+    gauge_header(out, name);
+    let _ = writeln!(out, "{name} {value}\n");
+}
+
+/// librdkafka clients alive in the process (see [`ClientCount`]).
+static CLIENTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn live_clients() -> usize {
+    CLIENTS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Counts one librdkafka client while it lives: held by the context every client of the
+/// connector is created with (a context lives as long as its client), so the count is the
+/// clients of the process.
+#[derive(Debug)]
+pub struct ClientCount(());
+
+impl ClientCount {
+    /// One more client.
+    pub fn new() -> Self {
+        let _ = CLIENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(())
+    }
+}
+
+impl Default for ClientCount {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for ClientCount {
+    fn drop(&mut self) {
+        let _ = CLIENTS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The connections this replica runs.
+pub fn region_connections_placed(n: usize) {
+    gauge!(REGION_CONNECTIONS_PLACED).set(n as f64);
+}
+
+/// The region group's generation as this replica knows it.
+pub fn region_generation(generation: i32) {
+    gauge!(REGION_GENERATION).set(f64::from(generation));
 }
 
 /// A gauge per assigned partition, by (connection, topic, partition).
@@ -214,12 +361,7 @@ fn render_partition_gauge(out: &mut String, name: &str, series: &PartitionSeries
     if series.is_empty() {
         return;
     }
-    let help = INVENTORY
-        .iter()
-        .find(|(n, _, _)| *n == name)
-        .map_or("", |(_, _, h)| *h);
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} gauge");
+    gauge_header(out, name);
     for ((connection, topic, partition), value) in series.iter() {
         let _ = writeln!(
             out,
@@ -272,7 +414,21 @@ pub fn decode_error(connection: &str, trigger: &str, class: &'static str) {
 
 /// Whether `connection` runs.
 pub fn connection_up(connection: &str, up: bool) {
-    gauge!(CONNECTION_UP, "connection" => connection.to_owned()).set(if up { 1.0 } else { 0.0 });
+    let _ = connections_up().insert(connection.to_owned(), if up { 1.0 } else { 0.0 });
+}
+
+/// `connection` no longer runs here (removed by a reload, or placed on other replicas): its
+/// `connection_up` series disappears, so 0 keeps meaning "should run here and cannot".
+pub fn forget_connection(connection: &str) {
+    let _ = connections_up().remove(connection);
+}
+
+/// `connection_up` of every connection that runs here (kept here rather than in the recorder,
+/// which cannot remove a series).
+static CONNECTIONS_UP: Mutex<BTreeMap<String, f64>> = Mutex::new(BTreeMap::new());
+
+fn connections_up() -> std::sync::MutexGuard<'static, BTreeMap<String, f64>> {
+    CONNECTIONS_UP.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// `connection` could not start or stopped with an error.
@@ -283,6 +439,16 @@ pub fn connection_failure(connection: &str) {
 /// A configuration reload ended with `result` (`ok`, `invalid`).
 pub fn config_reload(result: &'static str) {
     counter!(CONFIG_RELOADS, "result" => result).increment(1);
+    gauge!(CONFIG_LAST_RELOAD_SUCCESSFUL).set(if result == "ok" { 1.0 } else { 0.0 });
+}
+
+/// The daemon runs its configuration: the reload series alerts watch exist from the start
+/// (reload counters at 0, the last reload successful).
+pub fn config_loaded() {
+    for result in ["ok", "invalid"] {
+        counter!(CONFIG_RELOADS, "result" => result).increment(0);
+    }
+    gauge!(CONFIG_LAST_RELOAD_SUCCESSFUL).set(1.0);
 }
 
 /// A worker panicked on a record.
@@ -300,18 +466,27 @@ pub fn in_flight_gauge(connection: &str, trigger: &str) -> Gauge {
 /// consumes them: alerted on (deploy/prometheus/alerts.yml), so registered at 0.
 pub const NO_RUN_OUTCOMES: [&str; 3] = ["skipped", "filter_error", "expired"];
 
+/// Outcomes of the handled counter for records written to the dead-letter topic: alerted on
+/// by their increase (the first one must count), so registered at 0.
+pub const DEAD_LETTER_OUTCOMES: [&str; 2] = ["dead_lettered", "expired_dead_lettered"];
+
 /// Registers at 0 the series of `connection` and its `triggers` that alerts watch for an
-/// increase: commit errors, worker panics and records that started no run. Called once the
+/// increase: commit errors, worker panics, records that started no run, dead letters, and
+/// failures of the connection (a connection that never started counts from its first). Called once the
 /// recorder is installed, when the connection starts.
 pub fn register_connection<'a>(connection: &str, triggers: impl IntoIterator<Item = &'a str>) {
     for result in ["ok", "error"] {
         counter!(COMMITS, "connection" => connection.to_owned(), "result" => result).increment(0);
     }
+    counter!(CONNECTION_FAILURES, "connection" => connection.to_owned()).increment(0);
     for trigger in triggers {
-        for outcome in NO_RUN_OUTCOMES {
+        for outcome in NO_RUN_OUTCOMES.into_iter().chain(DEAD_LETTER_OUTCOMES) {
             counter!(MESSAGES_HANDLED, "connection" => connection.to_owned(), "trigger" => trigger.to_owned(), "outcome" => outcome).increment(0);
         }
         counter!(WORKER_PANICS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned()).increment(0);
+        // Present from the start (0 when nothing parks); its value is the trigger's registry's.
+        gauge!(PARKED_KEYS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned())
+            .increment(0.0);
     }
 }
 
@@ -400,9 +575,45 @@ pub fn partitions(connection: &str, assigned: usize, paused: usize) {
     gauge!(PAUSED_PARTITIONS, "connection" => connection.to_owned()).set(paused as f64);
 }
 
+/// The keys parked on this replica for `trigger` of `connection`.
+pub fn parked_keys(connection: &str, trigger: &str, n: usize) {
+    gauge!(PARKED_KEYS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned())
+        .set(n as f64);
+}
+
+/// An operator's action on `trigger` of `connection` (empty: not one configured) and how it
+/// ended: `ok`, `refused` (no grant, bad input, nothing to act on) or `failed`.
+pub fn operator_action(
+    connection: &str,
+    trigger: &str,
+    action: &'static str,
+    result: &'static str,
+) {
+    counter!(OPERATOR_ACTIONS, "connection" => connection.to_owned(), "trigger" => trigger.to_owned(), "action" => action, "result" => result).increment(1);
+}
+
+/// The lag of a partition as last reported here: in records (from librdkafka's statistics)
+/// and in seconds; None while unknown or not assigned to this replica.
+pub fn partition_lag(connection: &str, topic: &str, partition: i32) -> (Option<f64>, Option<f64>) {
+    let key = (connection.to_owned(), topic.to_owned(), partition);
+    let records = lag_series().get(&key).copied();
+    let seconds = lag_seconds_series().get(&key).copied();
+    (records, seconds)
+}
+
 /// A rebalance event.
 pub fn rebalance(connection: &str, kind: &'static str) {
     counter!(REBALANCES, "connection" => connection.to_owned(), "kind" => kind).increment(1);
+}
+
+/// A partition's position moved back, or its topic was created again (`reason`).
+pub fn position_reset(connection: &str, topic: &str, reason: &'static str) {
+    counter!(POSITION_RESETS, "connection" => connection.to_owned(), "topic" => topic.to_owned(), "reason" => reason).increment(1);
+}
+
+/// A connection's task panicked; the connection restarts.
+pub fn connection_panic(connection: &str) {
+    counter!(CONNECTION_PANICS, "connection" => connection.to_owned()).increment(1);
 }
 
 /// An offset commit finished.
@@ -467,6 +678,11 @@ pub fn produce_request(connection: &str, status: u16) {
     counter!(PRODUCE_REQUESTS, "connection" => connection.to_owned(), "status" => status.to_string()).increment(1);
 }
 
+/// A dispatcher connection could not be opened for lack of file descriptors.
+pub fn fds_exhausted() {
+    counter!(FDS_EXHAUSTED).increment(1);
+}
+
 /// Broker reachability of a connection.
 pub fn brokers_up(connection: &str, up: bool) {
     gauge!(BROKERS_UP, "connection" => connection.to_owned()).set(if up { 1.0 } else { 0.0 });
@@ -507,9 +723,17 @@ mod tests {
             produce_request("c", 200);
             brokers_up("c", true);
             worker_panic("c", "tr");
+            position_reset("c", "t", "moved_back");
+            connection_panic("c");
+            parked_keys("c", "tr", 1);
+            operator_action("c", "tr", "pause", "ok");
             connection_up("c", true);
             connection_failure("c");
+            config_loaded();
             config_reload("ok");
+            region_connections_placed(3);
+            region_generation(7);
+            fds_exhausted();
             // Registering after the fact (a restarted connection) leaves the values alone.
             register_connection("c", ["tr"]);
         });
@@ -522,9 +746,34 @@ mod tests {
     }
 
     #[test]
+    fn the_region_load_sums_each_connections_oldest_wait() {
+        let series: PartitionSeries = [
+            (("a", "t", 0), 4.0),
+            (("a", "t", 1), 10.0),
+            (("a", "u", 0), 0.0),
+            (("b", "t", 0), 2.5),
+            (("c", "t", 0), 0.0),
+        ]
+        .into_iter()
+        .map(|((c, t, p), v)| ((c.to_owned(), t.to_owned(), p), v))
+        .collect();
+        assert_eq!(region_load(&series), 12.5);
+        assert_eq!(region_load(&PartitionSeries::new()), 0.0);
+        let text = render_one_of_each();
+        assert!(
+            sample(&text, "tessel_kafka_region_load").is_some(),
+            "{text}"
+        );
+        assert!(sample(&text, "tessel_kafka_open_fds").is_some_and(|n| n >= 3.0));
+        assert!(sample(&text, "tessel_kafka_region_clients").is_some());
+    }
+
+    #[test]
     fn names_follow_the_conventions() {
         for (name, kind, _) in INVENTORY {
             assert!(name.starts_with("tessel_kafka_"), "{name}");
+            // A unit, or what is counted; `_successful` as Prometheus's own
+            // prometheus_config_last_reload_successful.
             let unit = [
                 "_seconds",
                 "_messages",
@@ -532,6 +781,15 @@ mod tests {
                 "_flight",
                 "_up",
                 "_info",
+                "_successful",
+                // Counts named by what they count (the region's, agreed with the chart).
+                "_placed",
+                "_clients",
+                "_generation",
+                "_load",
+                "_fds",
+                "_limit",
+                "_keys",
             ]
             .iter()
             .any(|u| name.ends_with(u));
@@ -607,12 +865,24 @@ mod tests {
     #[test]
     fn alerted_counters_start_at_zero() {
         let text = render_one_of_each();
-        for outcome in NO_RUN_OUTCOMES {
+        for outcome in NO_RUN_OUTCOMES.into_iter().chain(DEAD_LETTER_OUTCOMES) {
             let series = format!(
                 "tessel_kafka_messages_handled_total{{connection=\"c\",trigger=\"tr\",outcome=\"{outcome}\"}}"
             );
             assert_eq!(sample(&text, &series), Some(0.0), "{series} in:\n{text}");
         }
+        assert_eq!(
+            sample(
+                &text,
+                "tessel_kafka_config_reloads_total{result=\"invalid\"}"
+            ),
+            Some(0.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "tessel_kafka_config_last_reload_successful"),
+            Some(1.0)
+        );
         let handled = "tessel_kafka_messages_handled_total{connection=\"c\",trigger=\"tr\",outcome=\"accepted\"}";
         assert_eq!(sample(&text, handled), Some(1.0));
         assert_eq!(

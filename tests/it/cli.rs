@@ -359,3 +359,95 @@ fn text_logs_written_to_a_pipe_carry_no_colour_codes() {
     assert!(line.contains("addr=127.0.0.1:"), "{line}");
     assert!(!seen.contains(&0x1b), "escape bytes in the log: {log:?}");
 }
+
+/// With `log.format = "json"` the daemon's last words are a JSON log line like the others
+/// (level ERROR, the reason as its message, `fatal: true`), whether the configuration does
+/// not load or the daemon fails once running (its admin port taken): a log pipeline parses a
+/// crash-looping pod's reason. `TESSEL_KAFKA__LOG__FORMAT` decides it as it would in a
+/// configuration that loads.
+#[test]
+fn the_fatal_message_is_a_json_log_line_when_logs_are_json() {
+    let fatal_line = |stderr: &str| -> serde_json::Value {
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        let last = lines.last().unwrap_or_else(|| panic!("no output"));
+        let v: serde_json::Value =
+            serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {stderr}"));
+        assert_eq!(v["level"], "ERROR", "{v}");
+        assert_eq!(v["fatal"], true, "{v}");
+        v
+    };
+    let json = "[log]\nformat = \"json\"\n";
+    // A secret file that is missing: the configuration does not load.
+    let unloadable = GOOD.replace(
+        "\"group.id\" = \"g\"",
+        "\"group.id\" = \"g\"\n\"sasl.password\" = { file = \"/nonexistent/tk-password\" }",
+    );
+    let (ok, stderr, _) = run_with(&format!("{json}{unloadable}"));
+    assert!(!ok);
+    let v = fatal_line(&stderr);
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/tk-password"),
+        "{v}"
+    );
+    // The same file with text logs: the one plain line.
+    let (_, stderr, _) = run_with(&unloadable);
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    // The environment overrides the file's format, as it does for a configuration that loads.
+    let path = temp_config(&unloadable);
+    let out = Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&path)
+        .env("TESSEL_KAFKA__LOG__FORMAT", "json")
+        .output()
+        .expect("run binary");
+    fatal_line(&String::from_utf8_lossy(&out.stderr));
+
+    // The admin port taken: the daemon started with the JSON log, and ends in it.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let (ok, stderr, _) = run_with(&format!("{json}[server]\nlisten = \"{addr}\"\n{GOOD}"));
+    assert!(!ok);
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        let _: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    }
+    let v = fatal_line(&stderr);
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("cannot listen on {addr}")),
+        "{v}"
+    );
+}
+
+/// The offsets tools name an OS error once: `cannot read config file …: No such file or
+/// directory (os error 2)`, not the same cause twice.
+#[test]
+fn offsets_commands_name_the_os_error_once() {
+    for args in [
+        &["offsets", "show"][..],
+        &["offsets", "reset", "--to", "earliest"][..],
+    ] {
+        let out = Command::new(binary())
+            .args(args)
+            .args(["--config", "/nonexistent/tessel-kafka.toml"])
+            .output()
+            .expect("run binary");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            stderr.matches("(os error 2)").count(),
+            1,
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(
+            stderr.trim(),
+            "error: cannot read config file /nonexistent/tessel-kafka.toml: No such file or directory (os error 2)",
+            "{args:?}"
+        );
+    }
+}

@@ -114,7 +114,10 @@ async fn offsets_are_committed_only_after_the_dispatcher_accepts() {
     let mock = mock_with_topic(&topic, 1);
     produce(&mock, &topic, 0, 10, 10, Some(0));
     let group = unique("h-accept-group");
-    let stuck = format!("kafka:{group}:{topic}:0:4");
+    let stuck = format!(
+        "kafka:{group}:{}:0:4",
+        crate::support::key_topic(&mock.bootstrap_servers(), &topic)
+    );
     let d = dispatcher(Faults {
         fail_keys: std::collections::HashSet::from([stuck]),
         fail_status: 500,

@@ -3,7 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -89,6 +89,34 @@ pub async fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() 
     }
 }
 
+/// Serves `app` on 127.0.0.1 from a thread and runtime of its own; returns the address.
+///
+/// A stand-in HTTP server spawned on a test's own runtime (`#[tokio::test]` is one
+/// thread) answers only while the test awaits: a blocking call in the test (a Kafka query
+/// such as [`crate::broker::committed`], which can take seconds while a coordinator loads
+/// under the parallel tests) holds its answers past the connector's dispatch timeout, and
+/// the connector sends the request again. A server that records raw requests then sees it
+/// twice.
+pub fn serve_on_own_thread(app: axum::Router) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let addr = listener.local_addr().expect("address");
+    std::thread::Builder::new()
+        .name(format!("stand-in-{}", addr.port()))
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                let _ = axum::serve(listener, app).await;
+            });
+        })
+        .expect("thread");
+    addr
+}
+
 /// Like [`wait_for`] with an async check.
 pub async fn wait_for_async<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
@@ -126,12 +154,29 @@ pub fn temp_config(text: &str) -> PathBuf {
     path
 }
 
-/// A TCP port free on 127.0.0.1 right now.
+/// A TCP port free on 127.0.0.1 right now, for a server a test starts (a daemon's listen
+/// address), never handed out twice in this process.
+///
+/// Not a port the kernel picks (bind to port 0): it hands the same one to two tests that ask
+/// one after the other once the first probe closed, and the kernel's ephemeral range
+/// (32768-60999 on Linux by default) is also where the local ports of outgoing connections
+/// come from, so a port found free there can be taken before the daemon binds it. Seen in
+/// CI rehearsals: a replica failing with "Address already in use", and a test's produce
+/// request answered by another test's daemon. These come from 23000-31999 (the local stack
+/// listens below 20000), in turn from a start drawn from the process id.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    const LOW: u32 = 23_000;
+    const SPAN: u32 = 9_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id() % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = u16::try_from(LOW + (start + n) % SPAN).expect("a port");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}-{}", LOW + SPAN - 1)
 }
 
 /// A connector running in this process.
@@ -166,4 +211,28 @@ impl Connector {
             .expect("connector task")
             .expect("connector result");
     }
+}
+
+/// `topic` as the records' idempotency keys name it: `<topic>@<id>` where the cluster at
+/// `bootstrap` has topic ids, else the name (see `tessel_kafka::dispatch::event::key_topic`).
+pub fn key_topic(bootstrap: &str, topic: &str) -> String {
+    use rdkafka::consumer::Consumer as _;
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("consumer");
+    // librdkafka's mock cluster does not answer DescribeTopics: no id, as the connector
+    // then has none either.
+    let id = match tessel_kafka::consumer::topic_ids(
+        consumer.client(),
+        &[topic.to_owned()],
+        Duration::from_secs(3),
+    ) {
+        Ok(ids) => ids.get(topic).cloned().flatten(),
+        Err(e) => {
+            eprintln!("no topic id of {topic}: {e}");
+            None
+        }
+    };
+    tessel_kafka::dispatch::event::key_topic(topic, id.as_deref()).into_owned()
 }

@@ -35,7 +35,22 @@ impl Sim {
     /// generation (a static member's restart gets its partitions back this way, with no
     /// rebalance).
     fn give(&mut self, part: i32, m: usize) {
-        let (offset, metadata) = self.committed[part as usize].clone();
+        let (offset, mut metadata) = self.committed[part as usize].clone();
+        if self.p.metadata_faults && self.faults && !metadata.is_empty() && self.metadata.chance(30)
+        {
+            // What the map named may run again unless the owner can still read it.
+            let named = crate::core::offsets::parse_metadata(offset, &metadata)
+                .iter()
+                .filter(|o| self.accepted.contains(&(part, *o)))
+                .count();
+            let (text, kind, keeps) =
+                super::metadata::disguise(&mut self.metadata, offset, &metadata);
+            if !keeps {
+                self.repeat_bound += named as u64;
+            }
+            self.saw(kind);
+            metadata = text;
+        }
         let committed = (offset >= 0).then_some(offset);
         let now = self.now();
         let member = &mut self.members[m];
@@ -50,6 +65,9 @@ impl Sim {
             tp: Self::tp(part),
             committed,
             metadata,
+            topic_id: Some(super::world::topic_id(
+                self.world.incarnation[part as usize],
+            )),
         };
         member.core.on_assigned(now, vec![(assigned, slot)]);
         // The consumer starts at the commit, or the beginning.
@@ -224,6 +242,15 @@ impl Sim {
                 }
                 request_refusal
             };
+            // The partition's own refusal: its topic is gone (created again since the
+            // request was taken), or now and then while faults last (a missing permission,
+            // metadata over the broker's limit). The request's other partitions are stored.
+            let own = refused.is_none() && self.partition_refusal(tp.partition, r.incarnations[i]);
+            let refused = if own {
+                Some("UNKNOWN_TOPIC_OR_PARTITION")
+            } else {
+                refused
+            };
             valid &= refused.is_none();
             match refused {
                 Some(reason) => self.saw(reason),
@@ -239,6 +266,7 @@ impl Sim {
                 offset,
                 metadata,
                 refused: refused.map(str::to_owned),
+                partition_only: own,
             });
         }
         let now = self.now();
@@ -247,7 +275,7 @@ impl Sim {
             member.core.on_commit_answer(now, &results);
             // Every commit taken so far is confirmed: what was accepted before this request
             // was taken is covered.
-            if valid && member.core.commits_settled() {
+            if valid && r.covers_all && member.core.commits_settled() {
                 member.covered = member.covered.max(r.accepted_at_take);
             }
         }
@@ -263,6 +291,12 @@ impl Sim {
         let part = tp.partition as usize;
         let current = self.owner[part] == Some(m);
         let before = self.committed[part].0;
+        // After its position moved back, the owner's commits follow it: the log moved back
+        // (a truncation, a reset); what is checked then is that nothing is lost.
+        if self.world.lower_commit_ok[part] {
+            self.committed[part] = (offset, metadata.to_owned());
+            return;
+        }
         if current && offset < before {
             // Checked in `check` through this marker.
             self.committed[part] = (i64::MIN, format!("moved back from {before} to {offset}"));
@@ -286,9 +320,9 @@ impl Sim {
         self.repeat_bound += in_flight as u64 + (member.accepted - member.covered);
         for run in std::mem::take(&mut self.members[m].runs) {
             let part = run.start.msg.partition();
-            for (offset, key) in run.records {
+            for ((offset, key), incarnation) in run.records.into_iter().zip(run.incarnations) {
                 if self.rng.chance(50) && !self.held(key) {
-                    self.accept(part, offset);
+                    self.dispatch(part, run.start.topic_id.clone(), offset, incarnation);
                 }
             }
         }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::world::World;
 use crate::config::Ordering;
 use crate::core::batch::BatchLimits;
 
@@ -64,6 +65,17 @@ impl Protocol {
     }
 }
 
+/// Which offsets of a schedule's logs the consumer never returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Gaps {
+    /// About one in twelve: aborted records and their markers.
+    Sparse,
+    /// One record per transaction: every record followed by its commit marker.
+    Transactional,
+    /// A compacted log: about three offsets in five are gone.
+    Compacted,
+}
+
 /// The shape of one schedule, drawn from its seed (and made smaller when shrinking).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Params {
@@ -84,9 +96,54 @@ pub(super) struct Params {
     /// The trigger's `on_error`: "dead_letter" (a refused record is written to the
     /// dead-letter topic and counts as handled), or "block" (its key holds, as a 5xx's).
     pub(super) dead_letter: bool,
+    /// What Kafka and librdkafka do outside the group protocol (`world.rs`).
+    pub(super) world: World,
+    /// Offsets never returned; with `metadata_max_chars` they can fill the commit metadata.
+    pub(super) gaps: Gaps,
+    /// The connection's `commit_metadata_max_bytes` (the broker's
+    /// `offset.metadata.max.bytes`): the default, or a few characters, so that a schedule
+    /// fills it.
+    pub(super) metadata_max_chars: usize,
+    /// A new owner may be handed commit metadata that is not the group's last commit's:
+    /// foreign, cut short, not UTF-8, of another form or offset, or the same map in the
+    /// older `tk1` form.
+    pub(super) metadata_faults: bool,
 }
 
 impl Params {
+    /// The gaps and the commit metadata's budget and faults, drawn from their own stream
+    /// (adding them changed no other draw of a seed).
+    fn with_metadata_draws(self) -> Self {
+        let mut r = Rng(self.seed ^ 0x7A95);
+        Self {
+            gaps: match r.below(10) {
+                0..=3 => Gaps::Sparse,
+                4..=6 => Gaps::Transactional,
+                _ => Gaps::Compacted,
+            },
+            // Below about nine characters not even a map's header fits: no map, and a
+            // partition runs nothing past a record it waits on.
+            metadata_max_chars: if r.chance(60) {
+                crate::core::offsets::DEFAULT_METADATA_MAX_CHARS
+            } else {
+                r.below(30) as usize
+            },
+            metadata_faults: r.chance(25),
+            ..self
+        }
+    }
+
+    /// The schedule of `seed` as it was before the metadata draws: sparse gaps, the default
+    /// budget, no metadata faults (what the regression seeds found their failures in).
+    pub(super) fn without_metadata_draws(self) -> Self {
+        Self {
+            gaps: Gaps::Sparse,
+            metadata_max_chars: crate::core::offsets::DEFAULT_METADATA_MAX_CHARS,
+            metadata_faults: false,
+            ..self
+        }
+    }
+
     pub(super) fn from_seed(seed: u64) -> Self {
         let mut r = Rng(seed ^ 0x5EED);
         let p = Self {
@@ -113,7 +170,12 @@ impl Params {
             }),
             protocol: Protocol::from_seed(seed),
             dead_letter: Rng(seed ^ 0xDEAD).chance(50),
-        };
+            world: World::from_seed(seed),
+            gaps: Gaps::Sparse,
+            metadata_max_chars: crate::core::offsets::DEFAULT_METADATA_MAX_CHARS,
+            metadata_faults: false,
+        }
+        .with_metadata_draws();
         // As the configuration guarantees (`config::MAX_CONCURRENCY`, and
         // `config::MAX_BATCH_RECORDS`): a trigger's records in flight (its runs, or a batch
         // partition's one batch) fit the commit metadata's bound above a full gap.

@@ -22,7 +22,7 @@ use crate::support::{stack, unique, wait_for};
 
 /// The idempotency key of the record at `partition`/`offset` (its event's `id`).
 fn event_id(group: &str, topic: &str, partition: i32, offset: i64) -> String {
-    format!("kafka:{group}:{topic}:{partition}:{offset}")
+    super::record_key(group, topic, partition, offset)
 }
 
 /// Every accepted event's value `i`, per (partition, key), in acceptance order.
@@ -88,7 +88,10 @@ async fn a_batch_closes_at_max_records_at_max_bytes_and_after_max_wait() {
     let sizes = |topic: &str| -> Vec<usize> {
         batches
             .iter()
-            .filter(|b| b.idempotency_key.contains(&format!(":{topic}:")))
+            .filter(|b| {
+                let named = crate::support::key_topic(&stack().bootstrap, topic);
+                b.idempotency_key.contains(&format!(":{named}:"))
+            })
             .map(|b| b.ids.len())
             .collect()
     };
@@ -168,7 +171,7 @@ async fn a_failing_batch_keeps_the_committed_offset_below_it() {
     produce_keyed(&topic, 0, 100, 7).await;
     let group = unique("batch-commit-group");
     // Batches of ten: the third (offsets 20 to 29) fails until the fault is lifted.
-    let third = format!("kafka:{group}:{topic}:0:20-29:10");
+    let third = super::batch_key(&group, &topic, 0, 20, 29, 10);
     let d = dispatcher(Faults {
         fail_keys: HashSet::from([third.clone()]),
         fail_status: 503,
@@ -274,7 +277,7 @@ async fn a_409_to_a_batch_commits_nothing_until_the_batch_is_answered_under_its_
     create_topic(&topic, 1).await;
     produce_keyed(&topic, 0, 10, 3).await;
     let group = unique("batch-409-group");
-    let seen = format!("kafka:{group}:{topic}:0:0-9:10");
+    let seen = super::batch_key(&group, &topic, 0, 0, 9, 10);
     let d = dispatcher(Faults {
         scripted: HashMap::from([(seen.clone(), vec![409])]),
         ..Faults::default()
@@ -428,7 +431,7 @@ async fn sigkill_during_batches_loses_nothing_and_commits_only_accepted_records(
                     "{when}: {p}/{o} committed, never accepted"
                 );
             }
-            for o in tessel_kafka::core::offsets::parse_metadata(*offset, metadata) {
+            for o in tessel_kafka::core::offsets::parse_metadata(*offset, metadata).iter() {
                 assert!(
                     accepted.contains(&(p, o)),
                     "{when}: {p}/{o} in the metadata, never accepted"
@@ -557,9 +560,10 @@ async fn a_cloudevents_trigger_sends_structured_batches_an_sdk_reads() {
         let (first, last) = (events[0], events[events.len() - 1]);
         assert_eq!(
             requests[request as usize].0["idempotency-key"],
-            format!(
-                "kafka:{group}:{topic}:{}:{}-{}:{}",
-                first.0,
+            super::batch_key(
+                &group,
+                &topic,
+                first.0 as i32,
                 first.1,
                 last.1,
                 events.len()

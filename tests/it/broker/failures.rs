@@ -206,7 +206,7 @@ async fn backoff_grows_and_stops_at_its_cap() {
     create_topic(&topic, 1).await;
     produce_keyed(&topic, 0, 1, 1).await;
     let group = unique("backoff-group");
-    let key = format!("kafka:{group}:{topic}:0:0");
+    let key = super::record_key(&group, &topic, 0, 0);
     let d = dispatcher(Faults {
         scripted: HashMap::from([(key.clone(), vec![500; 5])]),
         ..Faults::default()
@@ -498,7 +498,7 @@ async fn a_stalled_partition_is_reported_with_its_reason_until_it_moves_again() 
     create_topic(&topic, 1).await;
     produce_keyed(&topic, 0, 5, 5).await;
     let group = unique("stall-group");
-    let stuck = format!("kafka:{group}:{topic}:0:2");
+    let stuck = super::record_key(&group, &topic, 0, 2);
     let d = dispatcher(Faults {
         fail_keys: std::collections::HashSet::from([stuck]),
         fail_status: 500,

@@ -12,6 +12,8 @@
 //!   stalls every other test that needs the registry, another reason to run alone.
 //! - Produce: no duplicates while the broker is paused past the request timeout (it stops
 //!   the broker with SIGSTOP), and the rate of a 100,000-record Avro batch produce.
+//! - Region (`region`): 300 connections over three replicas placed through the region
+//!   group, a replica SIGKILLed under traffic, a fourth replica joining under traffic.
 //! - Chaos (`chaos`): three replicas, one SIGKILLed and restarted every few seconds under
 //!   transactional traffic: nothing lost, no run from an aborted transaction, key order kept,
 //!   and repeats bounded by what was in flight or just accepted at each kill.
@@ -19,6 +21,9 @@
 // A file next to this one rather than measured/chaos.rs; inside `measured` so it runs alone.
 #[path = "chaos.rs"]
 mod chaos;
+// The same for the region of several replicas (issue 36).
+#[path = "region_measured.rs"]
+mod region;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -466,7 +471,7 @@ async fn sigkill_loses_nothing_and_repeats_only_what_no_commit_covered() {
 /// commits are sent every 10 ms, so this leaves a loaded machine's round trips a wide margin.
 const RECENT_AT_A_CRASH: Duration = Duration::from_secs(2);
 
-/// Runs the dispatcher accepted that the group's commits (offset and `tk1` metadata) do not
+/// Runs the dispatcher accepted that the group's commits (offset and `tk2` metadata) do not
 /// cover, by idempotency key, with when each was accepted.
 pub(super) fn accepted_not_covered(
     d: &tessel_kafka::cli::dev_dispatcher::DevDispatcher,
@@ -474,7 +479,7 @@ pub(super) fn accepted_not_covered(
 ) -> std::collections::HashMap<String, Instant> {
     use tessel_kafka::core::offsets::parse_metadata;
     // What a commit covers: every offset below it, and those its metadata lists as handled.
-    let handled: Vec<std::collections::BTreeSet<i64>> = commits
+    let handled: Vec<tessel_kafka::core::offset_codec::HandledRanges> = commits
         .iter()
         .map(|(offset, metadata)| parse_metadata(*offset, metadata))
         .collect();
@@ -483,7 +488,7 @@ pub(super) fn accepted_not_covered(
         .filter(|run| {
             let partition = run.event["partition"].as_u64().expect("partition") as usize;
             let offset = run.event["offset"].as_i64().expect("offset");
-            offset >= commits[partition].0 && !handled[partition].contains(&offset)
+            offset >= commits[partition].0 && !handled[partition].contains(offset)
         })
         .map(|run| (run.idempotency_key, run.accepted_at))
         .collect()

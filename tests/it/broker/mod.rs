@@ -1,7 +1,9 @@
 //! Tests against the real broker and registry (feature `kafka-integration-tests`).
 
 mod batches;
+mod control;
 mod demo;
+mod descriptors;
 mod dispatcher_tls;
 mod failures;
 mod handover;
@@ -13,9 +15,11 @@ mod operations;
 mod ordering;
 mod patterns;
 mod pipeline;
+mod placement;
 mod produce;
 mod prometheus;
 mod region;
+mod resets;
 mod restart;
 mod security;
 mod smoke;
@@ -90,7 +94,7 @@ pub async fn create_topic_with(topic: &str, partitions: i32, config: &[(&str, &s
 
 /// Runs `scripts/py/<script>` with the stack's Python, `spec` as JSON on stdin; returns the
 /// JSON it prints.
-async fn run_reference(script: &str, spec: Value) -> Value {
+pub async fn run_reference(script: &str, spec: Value) -> Value {
     let path = crate::support::repo().join("scripts/py").join(script);
     let mut child = tokio::process::Command::new(&stack().python)
         .arg(path)
@@ -128,6 +132,27 @@ pub async fn reference_produce(spec: Value) -> Value {
 pub async fn reference_consume(spec: Value) -> Vec<Value> {
     let v = run_reference("refconsume.py", spec).await;
     v["records"].as_array().expect("records").clone()
+}
+
+/// The idempotency key of the record of `topic` at `partition`/`offset` for `group` (its
+/// event's `id`), with the topic's id as the broker has it.
+pub fn record_key(group: &str, topic: &str, partition: i32, offset: i64) -> String {
+    let topic = crate::support::key_topic(&stack().bootstrap, topic);
+    format!("kafka:{group}:{topic}:{partition}:{offset}")
+}
+
+/// The idempotency key of a batch of `count` records of `topic`/`partition` from `first` to
+/// `last` for `group`.
+pub fn batch_key(
+    group: &str,
+    topic: &str,
+    partition: i32,
+    first: i64,
+    last: i64,
+    count: usize,
+) -> String {
+    let topic = crate::support::key_topic(&stack().bootstrap, topic);
+    format!("kafka:{group}:{topic}:{partition}:{first}-{last}:{count}")
 }
 
 /// Committed offsets of `group` for `partitions` of `topic` (-1 when none).
@@ -263,7 +288,7 @@ impl DeadLetterSetup {
 
     /// The idempotency key of the topic's record at `partition`/`offset` (its event's `id`).
     pub fn id(&self, partition: i32, offset: i64) -> String {
-        format!("kafka:{}:{}:{partition}:{offset}", self.group, self.topic)
+        record_key(&self.group, &self.topic, partition, offset)
     }
 
     /// The trigger settings that dead-letter into `dlq`, a line each.
@@ -392,10 +417,21 @@ pub fn sasl_ssl_kafka_table(user: &str, password: &str, group: &str) -> String {
 /// those end offsets.
 pub async fn wait_committed_to_end(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
     let hwm = high_watermarks(topic, partitions);
-    crate::support::wait_for(
+    // Asked off the test's runtime: the query blocks (for seconds while a coordinator
+    // loads), and stand-in servers on the runtime would not answer meanwhile.
+    crate::support::wait_for_async(
         "commits at the end of every partition",
         Duration::from_secs(30),
-        || (committed(group, topic, partitions) == hwm).then_some(()),
+        || {
+            let (group, topic, hwm) = (group.to_owned(), topic.to_owned(), hwm.clone());
+            async move {
+                let now =
+                    tokio::task::spawn_blocking(move || committed(&group, &topic, partitions))
+                        .await
+                        .expect("committed offsets");
+                (now == hwm).then_some(())
+            }
+        },
     )
     .await;
     hwm

@@ -320,9 +320,7 @@ async fn fake_collector() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Value>>>)
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let port = crate::support::serve_on_own_thread(app).port();
     (port, got)
 }
 

@@ -68,7 +68,7 @@ async fn a_failing_key_does_not_block_the_other_keys_of_its_partition() {
     create_topic(&topic, 1).await;
     produce_keyed(&topic, 0, 100, 10).await;
     let group = unique("hol-group");
-    let stuck = format!("kafka:{group}:{topic}:0:3");
+    let stuck = super::record_key(&group, &topic, 0, 3);
     let d = dispatcher(Faults {
         fail_keys: HashSet::from([stuck.clone()]),
         fail_status: 500,

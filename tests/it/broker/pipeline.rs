@@ -207,7 +207,7 @@ async fn reference_serialized_values_arrive_as_the_documented_json() {
     assert_eq!(first.traceparent.as_deref(), Some(traceparent));
     assert_eq!(
         first.idempotency_key,
-        format!("kafka:{group}:{avro_topic}:0:0")
+        super::record_key(&group, &avro_topic, 0, 0)
     );
 
     // Protobuf: second message of its file, nested message, import (reference), oneof,
@@ -245,7 +245,7 @@ async fn offset_is_committed_only_after_acceptance() {
     let topic = unique("pipe-commit");
     create_topic(&topic, 1).await;
     let group = unique("pipe-commit-group");
-    let stuck = format!("kafka:{group}:{topic}:0:2");
+    let stuck = super::record_key(&group, &topic, 0, 2);
     let d = dispatcher(Default::default()).await;
     d.faults(|f| {
         f.fail_keys = HashSet::from([stuck.clone()]);

@@ -22,8 +22,9 @@ use super::{
 };
 use crate::support::{free_port, repo, stack, unique, wait_for_async};
 
-/// The scrape job's name: the alert rules select `up{job="tessel-kafka"}`, and the
-/// ServiceMonitor names the job after the Service, `tessel-kafka`.
+/// The scrape job's name: the alert rules select `up{job="tessel-kafka"}`, and the chart's
+/// ServiceMonitor and PodMonitor take it from the `tessel.dev/job` label the chart sets to
+/// `tessel-kafka` (tests/it/deploy.rs checks that for every rendering).
 const JOB: &str = "tessel-kafka";
 
 /// Target labels Kubernetes service discovery and the ServiceMonitor add in production.

@@ -501,3 +501,176 @@ async fn of_twenty_connections_a_reload_restarts_the_changed_stops_the_removed_a
 
     let _ = stop(&mut daemon, &log);
 }
+
+/// A directory laid out as the kubelet mounts a Secret: each file a link to `..data/<file>`,
+/// `..data` a link to a timestamped directory that holds the files.
+struct SecretMount {
+    dir: tempfile::TempDir,
+    version: u32,
+}
+
+impl SecretMount {
+    fn new(files: &[(&str, &str)]) -> Self {
+        let mut m = Self {
+            dir: tempfile::tempdir().unwrap(),
+            version: 0,
+        };
+        m.update(files);
+        m
+    }
+
+    fn path(&self, file: &str) -> std::path::PathBuf {
+        self.dir.path().join(file)
+    }
+
+    /// Swaps in new contents as the kubelet does: a new timestamped directory, a `..data_tmp`
+    /// link to it renamed over `..data`, the old directory removed; links for new files.
+    fn update(&mut self, files: &[(&str, &str)]) {
+        use std::os::unix::fs::symlink;
+        let root = self.dir.path();
+        self.version += 1;
+        let stamp = format!("..2026_12_06_00_00_{:02}.{}", self.version, self.version);
+        std::fs::create_dir(root.join(&stamp)).unwrap();
+        for (name, content) in files {
+            std::fs::write(root.join(&stamp).join(name), content).unwrap();
+            let link = root.join(name);
+            if std::fs::symlink_metadata(&link).is_err() {
+                symlink(format!("..data/{name}"), &link).unwrap();
+            }
+        }
+        let old = std::fs::read_link(root.join("..data")).ok();
+        symlink(&stamp, root.join("..data_tmp")).unwrap();
+        std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+        if let Some(old) = old {
+            std::fs::remove_dir_all(root.join(old)).unwrap();
+        }
+    }
+}
+
+/// Issue 36: a dispatcher token mounted from an existing Kubernetes Secret is rotated. The
+/// daemon sees the mount's swap (no SIGHUP, no config change), reloads, and restarts only the
+/// connection whose secret changed: the runs after the rotation carry the new token, none is
+/// repeated. A rotation that leaves the file out is refused (the running configuration kept,
+/// `tessel_kafka_config_last_reload_successful` 0) until the Secret is whole again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rotated_secret_mounted_from_a_kubernetes_secret_is_reloaded() {
+    let s = stack();
+    let (rotated, other) = (Tenant::new("rotated", ""), Tenant::new("other", ""));
+    for t in [&rotated, &other] {
+        create_topic(&t.topic, 2).await;
+        produce_keyed(&t.topic, 0, 10, 5).await;
+    }
+    let d = dispatcher(Default::default()).await;
+    let mut secret = SecretMount::new(&[("dispatcher-token", "token-one\n")]);
+    let admin_port = free_port();
+    let plaintext = format!("\"bootstrap.servers\" = \"{}\"", s.bootstrap);
+    // The rotated tenant's dispatcher reads its token from the mount.
+    let rotated_toml = rotated.toml(&plaintext, &d.url()).replace(
+        &format!("url = \"{}\" }}", d.url()),
+        &format!(
+            "url = \"{}\", token = {{ file = \"{}\" }} }}",
+            d.url(),
+            secret.path("dispatcher-token").display()
+        ),
+    );
+    assert!(rotated_toml.contains("token = { file"), "{rotated_toml}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    write_config(
+        &path,
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:{admin_port}\"\n{rotated_toml}{}",
+            other.toml(&plaintext, &d.url())
+        ),
+    );
+    let log = std::env::temp_dir().join(format!("{}.log", unique("secret-rotation")));
+    let mut daemon = spawn_daemon(&path, std::fs::File::create(&log).unwrap().into());
+    let base = format!("http://127.0.0.1:{admin_port}");
+    let tokens = |connection: &str| -> Vec<Option<String>> {
+        d.runs()
+            .iter()
+            .filter(|r| r.event["connection"] == connection)
+            .map(|r| r.authorization.clone())
+            .collect()
+    };
+    wait_for("both tenants' first runs", Duration::from_secs(60), || {
+        let runs = runs_by_connection(&d);
+        (runs.get("rotated") == Some(&10) && runs.get("other") == Some(&10)).then_some(())
+    })
+    .await;
+    assert!(tokens("rotated")
+        .iter()
+        .all(|t| t.as_deref() == Some("Bearer token-one")));
+    let admin: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &s.bootstrap)
+        .create()
+        .unwrap();
+    let other_members = member_ids(&admin, &other.group);
+
+    secret.update(&[("dispatcher-token", "token-two\n")]);
+    let metric = |name: &'static str, labels: &'static str| {
+        let base = base.clone();
+        async move { sample(&get_text(&format!("{base}/metrics")).await?, name, labels) }
+    };
+    wait_for_async(
+        "the reload the rotation asks for",
+        Duration::from_secs(30),
+        || async {
+            (metric("tessel_kafka_config_reloads_total", "result=\"ok\"").await? >= 1.0)
+                .then_some(())
+        },
+    )
+    .await;
+    produce_keyed(&rotated.topic, 10, 20, 5).await;
+    produce_keyed(&other.topic, 10, 20, 5).await;
+    wait_for("both tenants' later runs", Duration::from_secs(60), || {
+        let runs = runs_by_connection(&d);
+        (runs.get("rotated") == Some(&20) && runs.get("other") == Some(&20)).then_some(())
+    })
+    .await;
+    let after: Vec<Option<String>> = tokens("rotated")[10..].to_vec();
+    assert!(
+        after
+            .iter()
+            .all(|t| t.as_deref() == Some("Bearer token-two")),
+        "{after:?}"
+    );
+    assert_eq!(
+        member_ids(&admin, &other.group),
+        other_members,
+        "the tenant whose secret did not change kept its consumer"
+    );
+
+    // A Secret without the file: refused, everything runs on, the gauge says so.
+    secret.update(&[("unrelated", "x")]);
+    let _ = std::fs::remove_file(secret.path("dispatcher-token"));
+    wait_for_async("the refused reload", Duration::from_secs(30), || async {
+        (metric("tessel_kafka_config_last_reload_successful", "").await? == 0.0).then_some(())
+    })
+    .await;
+    assert!(
+        metric("tessel_kafka_config_reloads_total", "result=\"invalid\"")
+            .await
+            .is_some_and(|n| n >= 1.0)
+    );
+    secret.update(&[("dispatcher-token", "token-three\n")]);
+    wait_for_async(
+        "the Secret whole again",
+        Duration::from_secs(30),
+        || async {
+            (metric("tessel_kafka_config_last_reload_successful", "").await? == 1.0).then_some(())
+        },
+    )
+    .await;
+    produce_keyed(&rotated.topic, 20, 25, 5).await;
+    wait_for("the runs after the repair", Duration::from_secs(60), || {
+        (runs_by_connection(&d).get("rotated") == Some(&25)).then_some(())
+    })
+    .await;
+    assert!(tokens("rotated")[20..]
+        .iter()
+        .all(|t| t.as_deref() == Some("Bearer token-three")));
+    assert_eq!(d.repeats(), 0, "{:?}", d.repeated_keys());
+    let text = stop(&mut daemon, &log);
+    assert!(text.contains("secret file changed"), "{text}");
+}

@@ -386,7 +386,7 @@ async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_re
     // Replayed against a dispatcher of its own, which answers 503 to partition 1's batch once.
     let batch_key = |p: i32| {
         let rs = &refused[&p];
-        format!("kafka:{group}:{topic}:{p}:{}-{}:2", rs[0].1, rs[1].1)
+        super::batch_key(group, topic, p, rs[0].1, rs[1].1, 2)
     };
     let replay = dispatcher(Faults {
         scripted: HashMap::from([(batch_key(1), vec![503])]),
@@ -513,7 +513,7 @@ async fn dlq_replay_of_a_batch_trigger_sends_batches_from_every_partition_and_re
     );
     let alone = |p: i32, n: usize| {
         let o = refused[&p][n].1;
-        format!("kafka:{group}:{topic}:{p}:{o}-{o}:1")
+        super::batch_key(group, topic, p, o, o, 1)
     };
     let row = |p: i32, n: usize, request: &str, attempts: u32, outcome: &str| {
         json!({

@@ -109,9 +109,11 @@ async fn a_filter_starts_exactly_the_matching_runs_and_commits_to_the_end() {
     assert_eq!(started, expected, "exactly the matching records");
     assert_eq!(d.repeats(), 0);
     for r in &runs {
-        let id = format!(
-            "kafka:{group}:{topic}:{}:{}",
-            r.event["partition"], r.event["offset"]
+        let id = super::record_key(
+            &group,
+            &topic,
+            r.event["partition"].as_i64().unwrap() as i32,
+            r.event["offset"].as_i64().unwrap(),
         );
         assert_eq!(r.idempotency_key, id);
     }
@@ -119,8 +121,11 @@ async fn a_filter_starts_exactly_the_matching_runs_and_commits_to_the_end() {
         counts,
         BTreeMap::from([
             ("accepted".to_owned(), 1_000),
-            // Outcomes without a run are exported from the start (at 0 until one happens).
+            // Outcomes without a run, and the dead-letter outcomes alerts watch, are exported
+            // from the start (at 0 until one happens).
+            ("dead_lettered".to_owned(), 0),
             ("expired".to_owned(), 0),
+            ("expired_dead_lettered".to_owned(), 0),
             ("filter_error".to_owned(), 1_000),
             ("filtered".to_owned(), 8_000),
             ("skipped".to_owned(), 0),
@@ -236,6 +241,7 @@ async fn old_records_are_skipped_or_dead_lettered_with_their_age_and_fresh_ones_
         dead,
         BTreeMap::from([
             ("accepted".to_owned(), 10),
+            ("dead_lettered".to_owned(), 0),
             ("expired".to_owned(), 0),
             ("expired_dead_lettered".to_owned(), 10),
             ("filter_error".to_owned(), 0),
@@ -246,7 +252,9 @@ async fn old_records_are_skipped_or_dead_lettered_with_their_age_and_fresh_ones_
         skipped,
         BTreeMap::from([
             ("accepted".to_owned(), 10),
+            ("dead_lettered".to_owned(), 0),
             ("expired".to_owned(), 10),
+            ("expired_dead_lettered".to_owned(), 0),
             ("filter_error".to_owned(), 0),
             ("skipped".to_owned(), 0),
         ])
@@ -275,10 +283,8 @@ pub(super) async fn recording_sink() -> (String, Recorded) {
     let app = axum::Router::new()
         .route("/events", axum::routing::post(record))
         .with_state(Arc::clone(&seen));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/events", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, seen)
+    let addr = crate::support::serve_on_own_thread(app);
+    (format!("http://{addr}/events"), seen)
 }
 
 pub(super) const ORDER_AVRO: &str = r#"{"type":"record","name":"Order","namespace":"it.ce","fields":[
@@ -350,7 +356,7 @@ async fn a_cloudevents_consumer_parses_every_request() {
         assert_eq!(a["specversion"], "1.0");
         assert_eq!(
             a["id"],
-            json!(format!("kafka:{group}:{topic}:{partition}:{offset}"))
+            json!(super::record_key(&group, &topic, partition as i32, offset))
         );
         assert_eq!(headers["idempotency-key"], a["id"].as_str().unwrap());
         assert_eq!(
