@@ -116,7 +116,7 @@ async fn offsets_are_committed_only_after_the_dispatcher_accepts() {
     let group = unique("h-accept-group");
     let stuck = format!(
         "kafka:{group}:{}:0:4",
-        crate::support::key_topic(&mock.bootstrap_servers(), &topic)
+        crate::support::key_topic_once(&mock.bootstrap_servers(), &topic)
     );
     let d = dispatcher(Faults {
         fail_keys: std::collections::HashSet::from([stuck]),

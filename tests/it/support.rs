@@ -179,10 +179,14 @@ pub fn free_port() -> u16 {
     panic!("no free port in {LOW}-{}", LOW + SPAN - 1)
 }
 
-/// A connector running in this process.
+/// A connector running in this process, on a thread and runtime of its own (a multi-thread
+/// runtime, as the daemon's), so that nothing the test does blocks it: a blocking Kafka
+/// query in a test, which can take seconds while a coordinator loads under the parallel
+/// tests, used to hold the connector's tasks on the test's one-thread runtime, and its
+/// dispatches timed out and went out again.
 pub struct Connector {
     token: tokio_util::sync::CancellationToken,
-    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+    done: Option<tokio::sync::oneshot::Receiver<anyhow::Result<()>>>,
 }
 
 impl Connector {
@@ -196,43 +200,107 @@ impl Connector {
     pub fn start_with(toml: &str, serve: bool) -> Self {
         let config = tessel_kafka::config::Config::from_toml_with_env(toml, Vec::new())
             .unwrap_or_else(|e| panic!("{e}\n{toml}"));
-        let app = tessel_kafka::app::App::build(config).expect("app builds");
         let token = tokio_util::sync::CancellationToken::new();
-        let handle = tokio::spawn(app.run(token.clone(), serve));
-        Self { token, handle }
+        let (built_tx, built_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let run_token = token.clone();
+        let _ = std::thread::Builder::new()
+            .name("connector".to_owned())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .expect("the connector's runtime");
+                let result = runtime.block_on(async move {
+                    // Built on its own runtime: the clients and servers it makes belong there.
+                    let app = match tessel_kafka::app::App::build(config) {
+                        Ok(app) => {
+                            let _ = built_tx.send(Ok(()));
+                            app
+                        }
+                        Err(e) => {
+                            let _ = built_tx.send(Err(format!("{e:#}")));
+                            return Err(anyhow::Error::from(e));
+                        }
+                    };
+                    app.run(run_token, serve).await
+                });
+                let _ = done_tx.send(result);
+                runtime.shutdown_timeout(Duration::from_secs(10));
+            })
+            .expect("the connector's thread");
+        match built_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("app builds: {e}"),
+            Err(_) => panic!("app builds: its thread ended without a word (it panicked)"),
+        }
+        Self {
+            token,
+            done: Some(done_rx),
+        }
     }
 
     /// Orderly shutdown: drain, commit, close.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.token.cancel();
-        tokio::time::timeout(Duration::from_secs(60), self.handle)
+        let done = self.done.take().expect("running");
+        tokio::time::timeout(Duration::from_secs(60), done)
             .await
             .expect("connector stops within 60 s")
-            .expect("connector task")
+            .expect("connector thread ended without a result (it panicked)")
             .expect("connector result");
+    }
+}
+
+impl Drop for Connector {
+    /// One not stopped (a test that failed midway) stops in the background.
+    fn drop(&mut self) {
+        self.token.cancel();
     }
 }
 
 /// `topic` as the records' idempotency keys name it: `<topic>@<id>` where the cluster at
 /// `bootstrap` has topic ids, else the name (see `tessel_kafka::dispatch::event::key_topic`).
+///
+/// For a real broker: asked again until the answer names the topic (within 30 s). Under the
+/// parallel tests one request can time out, and a topic just created can be described with
+/// an error for a moment; either would give the bare name, which no record's key carries.
 pub fn key_topic(bootstrap: &str, topic: &str) -> String {
-    use rdkafka::consumer::Consumer as _;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match topic_id(bootstrap, topic) {
+            Ok(Some(id)) => {
+                return tessel_kafka::dispatch::event::key_topic(topic, id.as_deref()).into_owned()
+            }
+            answer if Instant::now() < deadline => {
+                eprintln!("topic id of {topic}: {answer:?}; asking again");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            answer => panic!("no topic id of {topic} from {bootstrap} within 30 s: {answer:?}"),
+        }
+    }
+}
+
+/// Like [`key_topic`], asked once: for librdkafka's mock cluster, which does not answer
+/// DescribeTopics (no id, as the connector then has none either).
+pub fn key_topic_once(bootstrap: &str, topic: &str) -> String {
+    let id = topic_id(bootstrap, topic).ok().flatten().flatten();
+    tessel_kafka::dispatch::event::key_topic(topic, id.as_deref()).into_owned()
+}
+
+/// `topic`'s id as the cluster at `bootstrap` describes it: `Ok(None)` when the answer does
+/// not name the topic, `Ok(Some(None))` when it names it without an id.
+fn topic_id(bootstrap: &str, topic: &str) -> Result<Option<Option<String>>, String> {
     let consumer: rdkafka::consumer::BaseConsumer = rdkafka::config::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
         .expect("consumer");
-    // librdkafka's mock cluster does not answer DescribeTopics: no id, as the connector
-    // then has none either.
-    let id = match tessel_kafka::consumer::topic_ids(
-        consumer.client(),
+    tessel_kafka::consumer::topic_ids(
+        rdkafka::consumer::Consumer::client(&consumer),
         &[topic.to_owned()],
-        Duration::from_secs(3),
-    ) {
-        Ok(ids) => ids.get(topic).cloned().flatten(),
-        Err(e) => {
-            eprintln!("no topic id of {topic}: {e}");
-            None
-        }
-    };
-    tessel_kafka::dispatch::event::key_topic(topic, id.as_deref()).into_owned()
+        Duration::from_secs(5),
+    )
+    .map(|ids| ids.get(topic).cloned())
+    .map_err(|e| e.to_string())
 }

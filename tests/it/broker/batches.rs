@@ -497,7 +497,7 @@ async fn a_cloudevents_trigger_sends_structured_batches_an_sdk_reads() {
     wait_committed_to_end(&group, &topic, 2).await;
     connector.stop().await;
 
-    let requests: Vec<(BTreeMap<String, String>, Vec<u8>)> = seen.lock().unwrap().clone();
+    let requests = super::triggers::distinct_requests(&seen);
     assert!(
         requests.len() >= 4,
         "batches of at most 4 of 6 records per partition"
@@ -600,7 +600,7 @@ async fn a_batch_body_is_the_documented_json() {
     connector.stop().await;
 
     let validator = super::pipeline::event_validator();
-    let requests = seen.lock().unwrap().clone();
+    let requests = super::triggers::distinct_requests(&seen);
     let mut offsets = Vec::new();
     for (headers, body) in &requests {
         assert_eq!(headers["content-type"], "application/json");

@@ -417,22 +417,23 @@ pub fn sasl_ssl_kafka_table(user: &str, password: &str, group: &str) -> String {
 /// those end offsets.
 pub async fn wait_committed_to_end(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
     let hwm = high_watermarks(topic, partitions);
-    // Asked off the test's runtime: the query blocks (for seconds while a coordinator
-    // loads), and stand-in servers on the runtime would not answer meanwhile.
-    crate::support::wait_for_async(
-        "commits at the end of every partition",
-        Duration::from_secs(30),
-        || {
-            let (group, topic, hwm) = (group.to_owned(), topic.to_owned(), hwm.clone());
-            async move {
-                let now =
-                    tokio::task::spawn_blocking(move || committed(&group, &topic, partitions))
-                        .await
-                        .expect("committed offsets");
-                (now == hwm).then_some(())
-            }
-        },
-    )
-    .await;
-    hwm
+    // One query can take 30 s while a coordinator loads under the parallel tests.
+    let timeout = Duration::from_secs(120);
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        // Asked off the test's runtime: the query blocks (for seconds while a coordinator
+        // loads), and stand-in servers or a connector on the runtime would not run meanwhile.
+        let (g, t) = (group.to_owned(), topic.to_owned());
+        let now = tokio::task::spawn_blocking(move || committed(&g, &t, partitions))
+            .await
+            .expect("committed offsets");
+        if now == hwm {
+            return hwm;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{group} committed {now:?} of {topic}, not its ends {hwm:?}, within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
