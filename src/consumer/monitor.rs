@@ -139,7 +139,8 @@ pub(super) fn stall_reason(f: &StallFacts, after: Duration) -> Option<String> {
         "trigger stopped by a configuration error".to_owned()
     } else if f.awaiting_topic_id {
         "holding its runs and commits until its topic's id is read: the topic may have been \
-         deleted or created again (the topic cannot be described, or is gone)"
+         deleted or created again, or its position moved back (an offset reset, a truncated \
+         log); the topic cannot be described yet, or is gone"
             .to_owned()
     } else if f.commits_refused {
         match f.commit_offset {

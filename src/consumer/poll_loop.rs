@@ -256,7 +256,9 @@ impl Poller {
             }
         }
         let idle = batch.is_empty() && error.is_none();
-        if !idle || rebalanced || seeked {
+        // librdkafka reset a position to none (an assignment or a seek): it is read now.
+        let reset = rebalanced || seeked;
+        if !idle || reset {
             self.last_activity = Instant::now();
         }
         if !batch.is_empty()
@@ -273,7 +275,7 @@ impl Poller {
             }
         }
         // While active as before; once quiet, every QUIET_POLL, and sent only when they moved.
-        let due = if rebalanced || seeked {
+        let due = if reset {
             true
         } else if active || self.last_activity.elapsed() < SETTLE {
             idle || self.last_positions.elapsed() >= POSITION_INTERVAL

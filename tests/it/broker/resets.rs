@@ -72,14 +72,22 @@ fn accepted_values(d: &DevDispatcher) -> Vec<i64> {
         .collect()
 }
 
-/// One partition, `old` records run and committed; the topic is deleted and created again,
-/// and `new` records are written: every one of them runs, and the group's commit reaches the
-/// new log's end.
-async fn recreated_topic_runs_every_new_record(prefix: &str, old: usize, new: usize) {
+/// A topic of one partition, its group, the dispatcher and the connector running, after
+/// [`run_then_create_again`].
+struct Recreated {
+    topic: String,
+    group: String,
+    d: DevDispatcher,
+    connector: Connector,
+}
+
+/// One partition, `old` records (`keys` keys) run and committed; then the topic is deleted and
+/// created again, empty, while the connector keeps running.
+async fn run_then_create_again(prefix: &str, old: usize, keys: usize) -> Recreated {
     let topic = unique(prefix);
     let group = unique(&format!("{prefix}-group"));
     create_topic(&topic, 1).await;
-    produce_keyed(&topic, 0, old, 10).await;
+    produce_keyed(&topic, 0, old, keys).await;
     let d = dispatcher(Faults::default()).await;
     let connector = Connector::start(&connection_toml(&group, &topic, &d.url(), ""));
     wait_for(
@@ -90,6 +98,24 @@ async fn recreated_topic_runs_every_new_record(prefix: &str, old: usize, new: us
     .await;
     delete_topic(&topic).await;
     create_again(&topic).await;
+    Recreated {
+        topic,
+        group,
+        d,
+        connector,
+    }
+}
+
+/// One partition, `old` records run and committed; the topic is deleted and created again,
+/// and `new` records are written: every one of them runs, and the group's commit reaches the
+/// new log's end.
+async fn recreated_topic_runs_every_new_record(prefix: &str, old: usize, new: usize) {
+    let Recreated {
+        topic,
+        group,
+        d,
+        connector,
+    } = run_then_create_again(prefix, old, 10).await;
     produce_keyed(&topic, old, old + new, 10).await;
     let want: BTreeSet<i64> = (old as i64..(old + new) as i64).collect();
     wait_for(
@@ -148,20 +174,12 @@ async fn a_topic_created_again_with_more_records_runs_every_new_one() {
 /// right after a seek, before a later poll can move them).
 #[tokio::test]
 async fn a_topic_created_again_with_only_an_aborted_transaction_is_committed_to_its_end() {
-    let topic = unique("recreated-aborted");
-    let group = unique("recreated-aborted-group");
-    create_topic(&topic, 1).await;
-    produce_keyed(&topic, 0, 3, 3).await;
-    let d = dispatcher(Faults::default()).await;
-    let connector = Connector::start(&connection_toml(&group, &topic, &d.url(), ""));
-    wait_for(
-        "the old records run and are committed",
-        Duration::from_secs(60),
-        || (d.accepted() >= 3 && committed(&group, &topic, 1) == vec![3]).then_some(()),
-    )
-    .await;
-    delete_topic(&topic).await;
-    create_again(&topic).await;
+    let Recreated {
+        topic,
+        group,
+        d,
+        connector,
+    } = run_then_create_again("recreated-aborted", 3, 3).await;
     let aborted: Vec<serde_json::Value> = (0..5)
         .map(|i| serde_json::json!({"key": format!("a{i}"), "value": {"i": 100 + i}}))
         .collect();
