@@ -33,6 +33,7 @@ pub mod admin;
 pub mod app;
 pub mod cli;
 pub mod clients;
+pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod consumer;

@@ -88,6 +88,16 @@ pub struct BatchConfig {
     pub max_wait_ms: u64,
 }
 
+impl From<&BatchConfig> for crate::core::batch::BatchLimits {
+    fn from(c: &BatchConfig) -> Self {
+        Self {
+            max_records: c.max_records.max(1),
+            max_bytes: c.max_bytes.max(1),
+            max_wait: std::time::Duration::from_millis(c.max_wait_ms),
+        }
+    }
+}
+
 /// The longest `batch.max_wait_ms`: records never wait longer than an hour for a batch.
 const MAX_BATCH_WAIT_MS: u64 = 3_600_000;
 
@@ -238,18 +248,7 @@ impl std::fmt::Debug for DispatcherConfig {
     }
 }
 
-/// Ordering guarantee of a trigger.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Ordering {
-    /// Per key within a partition. Messages without a key are ordered among themselves.
-    #[default]
-    Key,
-    /// Strictly per partition.
-    Partition,
-    /// No ordering.
-    Unordered,
-}
+pub use crate::core::types::Ordering;
 
 /// How a key or value is decoded.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]

@@ -470,7 +470,7 @@ impl LagSeconds {
     /// Reports each assigned partition's lag in seconds: the age of its oldest record
     /// received and not yet handled.
     pub(super) fn report<S: Shell>(&mut self, connection: &str, partitions: &PartitionSet<S>) {
-        let now = crate::core::record_age::now_ms();
+        let now = crate::clock::now_ms();
         for p in partitions.iter() {
             let Some(id) = partitions.id_of(&p.tp.topic, p.tp.partition) else {
                 continue;

@@ -19,12 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::recent::{LagHistory, LagPoint, RecentOutcomes};
 
-/// Milliseconds since the epoch, now.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+pub use crate::clock::now_ms;
 
 /// Whether a trigger starts runs, as an operator set it.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use std::time::Instant;
 
-use crate::dispatch::event::TopicPartition;
+use crate::core::types::TopicPartition;
 
 /// A wanted commit whose answer never came is sent again after this long.
 pub const RESEND_AFTER: Duration = Duration::from_secs(1);
@@ -135,9 +135,9 @@ impl Committer {
         self.wanted.contains_key(tp)
     }
 
-    fn due_at(&self, w: &Wanted) -> Option<Instant> {
+    fn due_at(&self, w: &Wanted, now: Instant) -> Option<Instant> {
         let mut due = match w.sent_at {
-            None => self.last_send.map_or(Instant::now(), |l| l + self.interval),
+            None => self.last_send.map_or(now, |l| l + self.interval),
             Some(sent) => sent + RESEND_AFTER,
         };
         if let Some(l) = self.last_send {
@@ -146,15 +146,16 @@ impl Committer {
         Some(w.not_before.map_or(due, |nb| nb.max(due)))
     }
 
-    /// When something is next due to be sent, if anything is wanted (and no request is out).
-    pub fn next_due(&self) -> Option<Instant> {
+    /// When something is next due to be sent, if anything is wanted (and no request is out);
+    /// `now` if it is due already.
+    pub fn next_due(&self, now: Instant) -> Option<Instant> {
         if self.in_flight_since.is_some() {
             return None;
         }
         self.wanted
             .iter()
             .filter(|(tp, _)| !self.suspended.contains(*tp))
-            .filter_map(|(_, w)| self.due_at(w))
+            .filter_map(|(_, w)| self.due_at(w, now))
             .min()
     }
 
@@ -465,10 +466,10 @@ mod tests {
         );
         c.want(tp(0), 6, String::new());
         assert!(c.take_due(t0 + TICK).is_empty(), "one request at a time");
-        assert_eq!(c.next_due(), None);
+        assert_eq!(c.next_due(t0), None);
         c.on_answer(t0 + Duration::from_millis(3), &[ok(0, 5), ok(1, 7)]);
         assert!(!c.is_wanted(&tp(1)));
-        assert_eq!(c.next_due(), Some(t0 + TICK));
+        assert_eq!(c.next_due(t0), Some(t0 + TICK));
         assert!(
             c.take_due(t0 + Duration::from_millis(5)).is_empty(),
             "interval"
@@ -510,7 +511,7 @@ mod tests {
             Vec::new(),
             "9 is never committed again"
         );
-        assert_eq!(c.next_due(), None);
+        assert_eq!(c.next_due(t0), None);
     }
 
     #[test]
@@ -525,7 +526,7 @@ mod tests {
         let _ = c.take_due(t0 + TICK);
         c.on_answer(t0 + TICK, &[ok(0, 9)]);
         assert!(!c.is_wanted(&tp(0)));
-        assert_eq!(c.next_due(), None);
+        assert_eq!(c.next_due(t0), None);
     }
 
     #[test]
@@ -598,7 +599,7 @@ mod tests {
             "the limit"
         );
         c.forget(&tp(3));
-        assert_eq!(c.next_due(), None);
+        assert_eq!(c.next_due(t0), None);
         assert!(!c.holding(t0 + RESEND_AFTER), "nothing left to commit");
     }
 }

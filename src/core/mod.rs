@@ -18,6 +18,7 @@ pub mod batch;
 pub mod committer;
 pub mod offset_codec;
 pub mod offsets;
+mod partition;
 pub mod partitions;
 pub mod record_age;
 mod scheduler;
@@ -27,6 +28,7 @@ mod simulation;
 mod starts;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod types;
 
 use std::time::{Duration, Instant};
 
@@ -35,7 +37,7 @@ use crate::core::partitions::{
     Actions, Arrival, Limits, PartitionId, PartitionSet, Start, TriggerSlot,
 };
 use crate::core::shell::{RunSignal, Shell};
-use crate::dispatch::event::TopicPartition;
+use crate::core::types::TopicPartition;
 
 /// A newly assigned partition and where the group left it.
 #[derive(Debug, Clone)]
@@ -114,6 +116,64 @@ struct Revoke {
     deadline: Instant,
 }
 
+/// Where a connection's consumer is in its life (as Vector's kafka source has its
+/// `ConsumerState`): what may start, and what a revoke or a stop still waits for.
+#[derive(Debug, Default)]
+enum Lifecycle {
+    /// Runs start and commits go out, for whatever is assigned (maybe nothing yet).
+    #[default]
+    Consuming,
+    /// A revoke drains its partitions; the consumer waits in its rebalance callback for
+    /// [`Command::FinishRevoke`]. The partitions not revoked go on.
+    Revoking(Revoke),
+    /// The connection stops: nothing starts but the batches flushed then, retries stop, and
+    /// the shell makes the last commit ([`Core::stop_commit`]). A revoke begun before, or by
+    /// the consumer's close, may still be draining.
+    Stopping(Option<Revoke>),
+}
+
+impl Lifecycle {
+    fn revoke(&self) -> Option<&Revoke> {
+        match self {
+            Self::Revoking(r) | Self::Stopping(Some(r)) => Some(r),
+            Self::Consuming | Self::Stopping(None) => None,
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        matches!(self, Self::Stopping(_))
+    }
+
+    /// A revoke begins (the consumer holds one rebalance callback at a time).
+    fn begin_revoke(&mut self, revoke: Revoke) {
+        *self = match std::mem::take(self) {
+            Self::Consuming | Self::Revoking(_) => Self::Revoking(revoke),
+            Self::Stopping(_) => Self::Stopping(Some(revoke)),
+        };
+    }
+
+    /// The revoke in progress ends.
+    fn end_revoke(&mut self) -> Option<Revoke> {
+        match std::mem::take(self) {
+            Self::Revoking(r) => Some(r),
+            Self::Stopping(r) => {
+                *self = Self::Stopping(None);
+                r
+            }
+            Self::Consuming => None,
+        }
+    }
+
+    /// The connection stops, with the revoke in progress if any.
+    fn stop(&mut self) {
+        *self = match std::mem::take(self) {
+            Self::Consuming => Self::Stopping(None),
+            Self::Revoking(r) => Self::Stopping(Some(r)),
+            Self::Stopping(r) => Self::Stopping(r),
+        };
+    }
+}
+
 /// One connection's consumer state.
 pub struct Core<S: Shell> {
     partitions: PartitionSet<S>,
@@ -123,11 +183,9 @@ pub struct Core<S: Shell> {
     /// Partitions whose new runs wait because the broker refuses their own commits (last
     /// decided), with the reason.
     held: std::collections::BTreeMap<TopicPartition, String>,
-    revoke: Option<Revoke>,
+    lifecycle: Lifecycle,
     /// How long a revoke waits for its runs in flight.
     drain_timeout: Duration,
-    /// Set by [`Core::on_stop`]: nothing starts but the batches flushed then.
-    stopping: bool,
     /// Commands decided outside [`Core::poll`] (a revoke's flushed batches), handed out by it.
     pending: Vec<Command<S>>,
     /// Reused between polls.
@@ -148,9 +206,8 @@ impl<S: Shell> Core<S> {
             committer: Committer::new(commit_interval, hold_limit),
             holding: false,
             held: std::collections::BTreeMap::new(),
-            revoke: None,
+            lifecycle: Lifecycle::Consuming,
             drain_timeout,
-            stopping: false,
             pending: Vec::new(),
             actions: Actions::default(),
         }
@@ -169,7 +226,7 @@ impl<S: Shell> Core<S> {
     /// Whether a revoke is in progress: the shell takes no consumer event meanwhile (the
     /// consumer is inside its rebalance callback, waiting for [`Command::FinishRevoke`]).
     pub fn revoking(&self) -> bool {
-        self.revoke.is_some()
+        self.lifecycle.revoke().is_some()
     }
 
     /// Partitions were assigned, each with the trigger that consumes its topic. The shell
@@ -192,7 +249,7 @@ impl<S: Shell> Core<S> {
             self.flush_batches(now, Some(&partitions));
         }
         self.partitions.begin_revoke(&partitions, lost);
-        self.revoke = Some(Revoke {
+        self.lifecycle.begin_revoke(Revoke {
             partitions,
             lost,
             deadline: now + self.drain_timeout,
@@ -290,13 +347,13 @@ impl<S: Shell> Core<S> {
     pub fn on_stop(&mut self, now: Instant) {
         self.flush_batches(now, None);
         self.partitions.drain_all();
-        self.stopping = true;
+        self.lifecycle.stop();
     }
 
     /// The final commit of a stop (after the runs drained and the ops task's last
     /// request was answered), except partitions of a lost assignment in progress.
     pub fn stop_commit(&mut self) -> CommitBatch {
-        let lost: Vec<TopicPartition> = match &self.revoke {
+        let lost: Vec<TopicPartition> = match self.lifecycle.revoke() {
             Some(r) if r.lost => r.partitions.clone(),
             _ => Vec::new(),
         };
@@ -327,7 +384,7 @@ impl<S: Shell> Core<S> {
         self.try_finish_revoke(now, out);
         self.update_hold(now, out);
         // Once stopping, the shell commits for the last time itself (`stop_commit`).
-        if !self.stopping {
+        if !self.lifecycle.stopping() {
             self.process(now, out);
             self.take_commits(now, out);
         }
@@ -342,9 +399,9 @@ impl<S: Shell> Core<S> {
             .then(|| self.committer.next_slot(now))
             .flatten();
         [
-            self.revoke.as_ref().map(|r| r.deadline),
+            self.lifecycle.revoke().map(|r| r.deadline),
             slot,
-            self.committer.next_due(),
+            self.committer.next_due(now),
             self.partitions.next_batch_due(),
         ]
         .into_iter()
@@ -369,7 +426,7 @@ impl<S: Shell> Core<S> {
     /// commit request out was answered: a request taken before could otherwise reach the
     /// broker after the final commit and move the offset back.
     fn try_finish_revoke(&mut self, now: Instant, out: &mut Vec<Command<S>>) {
-        let Some(r) = &self.revoke else {
+        let Some(r) = self.lifecycle.revoke() else {
             return;
         };
         let in_flight = self.partitions.in_flight_of(&r.partitions);
@@ -377,7 +434,7 @@ impl<S: Shell> Core<S> {
         if (in_flight > 0 || self.committer.request_out()) && !expired {
             return;
         }
-        let Some(r) = self.revoke.take() else {
+        let Some(r) = self.lifecycle.end_revoke() else {
             return;
         };
         let commit = if r.lost {
@@ -512,9 +569,9 @@ impl<S: Shell> Core<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Ordering;
     use crate::core::shell::Record as _;
     use crate::core::testing::{record, TestRecord, TestShell, TestTrigger};
+    use crate::core::types::Ordering;
 
     const TICK: Duration = Duration::from_millis(10);
 

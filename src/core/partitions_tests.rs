@@ -1,5 +1,6 @@
 //! Unit tests of `partitions`.
 use super::*;
+use crate::core::batch::BatchLimits;
 use crate::core::starts::MESSAGE_OVERHEAD;
 use crate::core::testing::{record, TestRecord, TestShell, TestTrigger};
 

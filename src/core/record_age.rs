@@ -6,7 +6,7 @@
 //! - [`Unhandled`]: a partition's records received and not yet handled, for the lag in
 //!   seconds (the age of the oldest of them).
 //!
-//! Pure, apart from [`now_ms`].
+//! Pure: the time is an argument ([`crate::clock::now_ms`] in the shell).
 
 use std::collections::VecDeque;
 
@@ -16,13 +16,6 @@ pub const STAGE: &str = "RECORD_AGE";
 pub const CLASS: &str = "record_expired";
 /// The dead-letter header carrying the record's age, in ms, when it was written.
 pub const AGE_HEADER: &str = "tessel.record.age.ms";
-
-/// Milliseconds since the epoch, now.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
 
 /// The age of a record stamped `timestamp_ms` at `now_ms`; None without a timestamp (or a
 /// negative one); 0 for a timestamp in the future (a producer's clock ahead of ours).

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::config::Ordering;
+use crate::core::types::Ordering;
 
 /// A message key (None: no key; such messages form one sequence of their own).
 pub(super) type Key = Option<Vec<u8>>;

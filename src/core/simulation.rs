@@ -40,13 +40,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::config::Ordering;
 use crate::core::partitions::{Limits, Start};
 use crate::core::shell::{AssignmentId, Record as _, RunSignal};
 use crate::core::testing::{record, TestRecord, TestShell, TestTrigger};
+use crate::core::types::Ordering;
+use crate::core::types::TopicPartition;
 use crate::core::CommitBatch;
 use crate::core::{Command, Core};
-use crate::dispatch::event::TopicPartition;
 
 /// Seeds that failed once (each fixed since), run first on every `cargo test`.
 const REGRESSION_SEEDS: &[u64] = &[

@@ -9,20 +9,7 @@ use serde_json::Value as Json;
 
 use crate::codec::{Decoded, SchemaInfo};
 
-/// A topic and partition.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TopicPartition {
-    /// Topic name.
-    pub topic: String,
-    /// Partition number.
-    pub partition: i32,
-}
-
-impl std::fmt::Display for TopicPartition {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}[{}]", self.topic, self.partition)
-    }
-}
+pub use crate::core::types::TopicPartition;
 
 /// One record header. Order and duplicates are kept.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 //! A dispatch is accepted on 2xx, and on 409 (the dispatcher already accepted this
 //! idempotency key). Everything else is classified into [`DispatchOutcome`].
 
+pub mod batch;
 pub mod cloudevents;
 pub mod event;
 mod http;

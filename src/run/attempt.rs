@@ -25,7 +25,7 @@ use super::error_policy::{
 use super::{TriggerRuntime, WorkOutcome};
 use crate::codec::{DecodeError, Decoded, Field};
 use crate::control::{ActionError, ActionOutcome, Directive, ParkedKey, ParkedRun};
-use crate::core::batch;
+use crate::dispatch::batch;
 use crate::dispatch::event::{self, EventHeader};
 use crate::dispatch::DispatchOutcome;
 use crate::telemetry::trace;

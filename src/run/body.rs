@@ -10,7 +10,7 @@ use serde_json::Value as Json;
 use super::attempt::Record;
 use super::TriggerRuntime;
 use crate::codec::Decoded;
-use crate::core::batch;
+use crate::dispatch::batch;
 use crate::dispatch::cloudevents::{self, CloudEvents};
 use crate::dispatch::event::{self, EventHeader, EventRecord, EventSource};
 use crate::dispatch::{DispatchOutcome, DispatchRequest};

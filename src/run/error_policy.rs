@@ -293,7 +293,7 @@ fn dead_letter_headers(
         h.push((ORIGINAL_TIMESTAMP_HEADER.into(), t.to_string()));
     }
     if failure.stage == record_age::STAGE {
-        let age = record_age::age_ms(msg.timestamp().to_millis(), record_age::now_ms());
+        let age = record_age::age_ms(msg.timestamp().to_millis(), crate::clock::now_ms());
         h.push((record_age::AGE_HEADER.into(), age.unwrap_or(0).to_string()));
     }
     h
@@ -303,7 +303,11 @@ fn dead_letter_headers(
 /// dead-letter path with stage `RECORD_AGE`); None when it may run.
 pub(super) fn expired(trigger: &TriggerRuntime, msg: &OwnedMessage) -> Option<Step> {
     let max = trigger.config.max_record_age_ms?;
-    let age = record_age::expired(msg.timestamp().to_millis(), record_age::now_ms(), Some(max))?;
+    let age = record_age::expired(
+        msg.timestamp().to_millis(),
+        crate::clock::now_ms(),
+        Some(max),
+    )?;
     tracing::debug!(
         connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
         partition = msg.partition(), offset = msg.offset(), age_ms = age,

@@ -28,7 +28,7 @@
 //! While waiting to retry, a run gives its concurrency permit back, so a failing key only
 //! parks itself: other keys keep the trigger's full concurrency.
 //!
-//! The decisions are pure: [`decide()`] here and [`crate::core::batch`].
+//! The decisions are pure: [`decide()`] here and [`crate::dispatch::batch`].
 
 pub(super) mod attempt;
 pub(super) mod body;

@@ -7,8 +7,8 @@ use super::{Request, Sim};
 use crate::core::committer::CommitResult;
 use crate::core::partitions::TriggerSlot;
 use crate::core::shell::Record as _;
+use crate::core::types::TopicPartition;
 use crate::core::AssignedPartition;
-use crate::dispatch::event::TopicPartition;
 
 impl Sim {
     /// The coordinator gives `part` to member `m` in a new generation (under KIP-848, a new

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::world::World;
-use crate::config::Ordering;
 use crate::core::batch::BatchLimits;
+use crate::core::types::Ordering;
 
 /// splitmix64: small, fast, and the same on every machine.
 pub(super) struct Rng(pub(super) u64);

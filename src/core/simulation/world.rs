@@ -210,7 +210,7 @@ impl Sim {
 
     /// Member `m`'s final commit of `tps` is withheld (their log not identified): what it
     /// handled of them since the group's commit may run again.
-    pub(super) fn withheld(&mut self, m: usize, tps: &[crate::dispatch::event::TopicPartition]) {
+    pub(super) fn withheld(&mut self, m: usize, tps: &[crate::core::types::TopicPartition]) {
         for tp in tps {
             let part = tp.partition;
             let from = self.committed[part as usize].0.max(0);
