@@ -58,6 +58,15 @@ impl App {
             health.set(name, ConnectionHealth::default());
         }
         let produce = Arc::new(ProduceApi::new(HashMap::new(), config.produce.clone()));
+        // Known before the server answers: a request for a connection still starting is
+        // answered 503 (try again), not 404.
+        produce.set_running(
+            config
+                .connections
+                .keys()
+                .filter(|name| config.produce.grants_connection(name))
+                .cloned(),
+        );
         let store = crate::control::store::TargetStore::for_config(&config);
         let control = ControlHub::new(Arc::new(config.clone()), health.clone(), store);
         Ok(Self {
@@ -662,6 +671,12 @@ impl Fleet {
             }));
         }
         let specs = self.specs(config);
+        self.produce.set_running(
+            specs
+                .iter()
+                .filter(|(_, spec)| spec.produces)
+                .map(|(name, _)| name.clone()),
+        );
         for name in changes.start.iter().chain(&changes.restart) {
             let Some(spec) = specs.get(name) else {
                 continue;

@@ -30,6 +30,10 @@ pub struct ProduceApi {
 /// The publishers of the connections running now, and the tokens and limits.
 struct Routes {
     publishers: HashMap<String, Arc<Publisher>>,
+    /// Connections this daemon runs with a producer, whether or not their publisher is there
+    /// now: one starting, or starting again after an error, is answered 503 (try again),
+    /// not 404.
+    running: std::collections::BTreeSet<String>,
     config: ProduceConfig,
 }
 
@@ -47,7 +51,11 @@ impl ProduceApi {
     /// The API over `publishers` with `config`'s tokens and limits.
     pub fn new(publishers: HashMap<String, Arc<Publisher>>, config: ProduceConfig) -> Self {
         Self {
-            routes: std::sync::RwLock::new(Arc::new(Routes { publishers, config })),
+            routes: std::sync::RwLock::new(Arc::new(Routes {
+                publishers,
+                running: std::collections::BTreeSet::new(),
+                config,
+            })),
         }
     }
 
@@ -63,7 +71,23 @@ impl ProduceApi {
         let mut publishers = routes.publishers.clone();
         let mut config = routes.config.clone();
         change(&mut publishers, &mut config);
-        *routes = Arc::new(Routes { publishers, config });
+        *routes = Arc::new(Routes {
+            publishers,
+            running: routes.running.clone(),
+            config,
+        });
+    }
+
+    /// The connections this daemon runs with a producer (set at start and at each reload or
+    /// placement): while one has no publisher (its clients are being made, or it starts again
+    /// after an error) its requests are answered 503 with `Retry-After`.
+    pub fn set_running(&self, names: impl IntoIterator<Item = String>) {
+        let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
+        *routes = Arc::new(Routes {
+            publishers: routes.publishers.clone(),
+            running: names.into_iter().collect(),
+            config: routes.config.clone(),
+        });
     }
 
     /// `connection`'s publisher, while it runs (None: it stopped or cannot start).
@@ -163,6 +187,19 @@ async fn handle(api: &Routes, connection: &str, headers: &HeaderMap, body: Body)
         Err(reason) => return refuse(401, reason),
     };
     let Some(publisher) = api.publishers.get(connection) else {
+        if api.running.contains(connection) {
+            let mut resp = refuse(
+                503,
+                &format!(
+                    "connection {connection:?} is not ready: it is starting, or starting again \
+                     after an error (see GET /health); try again"
+                ),
+            );
+            let _ = resp
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return resp;
+        }
         return refuse(404, &format!("unknown connection {connection:?}"));
     };
     let limit = api.config.max_body_bytes;
@@ -227,5 +264,42 @@ fn log_failure(connection: &str, token: &str, e: &ProduceError) {
         tracing::warn!(connection, token, status = e.status(), error = %e, "produce request failed");
     } else {
         tracing::info!(connection, token, status = e.status(), error = %e, "produce request refused");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "0123456789abcdef-unit";
+
+    async fn answer(api: &ProduceApi, connection: &str) -> (u16, Option<String>) {
+        let config: ProduceConfig = toml::from_str(&format!(
+            "[tokens.t]\ntoken = \"{TOKEN}\"\nconnections = [\"*\"]\ntopics = [\"*\"]\n"
+        ))
+        .expect("produce config");
+        api.update(|_, c| *c = config);
+        let mut headers = HeaderMap::new();
+        let _ = headers.insert(
+            header::AUTHORIZATION,
+            header::HeaderValue::from_str(&format!("Bearer {TOKEN}")).expect("header"),
+        );
+        let resp = handle(&api.routes(), connection, &headers, Body::from("{}")).await;
+        let retry_after = resp
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap_or_default().to_owned());
+        (resp.status().as_u16(), retry_after)
+    }
+
+    #[tokio::test]
+    async fn a_connection_without_its_publisher_yet_is_answered_503_and_an_unknown_one_404() {
+        let api = ProduceApi::new(HashMap::new(), ProduceConfig::default());
+        api.set_running(["orders".to_owned()]);
+        assert_eq!(answer(&api, "orders").await, (503, Some("1".to_owned())));
+        assert_eq!(answer(&api, "nope").await, (404, None));
+        // A reload that drops the connection: unknown again.
+        api.set_running(Vec::new());
+        assert_eq!(answer(&api, "orders").await, (404, None));
     }
 }

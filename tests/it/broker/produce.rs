@@ -54,23 +54,34 @@ impl ProducingDaemon {
         Self { base, connector }
     }
 
-    /// POSTs `body` to the connection's messages endpoint with `token` (if any).
+    /// POSTs `body` to the connection's messages endpoint with `token` (if any); sent again,
+    /// as a client does, while the answer is 503 with `Retry-After` (the connection is still
+    /// starting), for up to 60 s.
     pub async fn post(&self, connection: &str, token: Option<&str>, body: Vec<u8>) -> (u16, Value) {
-        let mut req = reqwest::Client::new()
-            .post(format!(
-                "{}/v1/connections/{connection}/messages",
-                self.base
-            ))
-            .header("Content-Type", "application/json")
-            .timeout(Duration::from_secs(120))
-            .body(body);
-        if let Some(t) = token {
-            req = req.bearer_auth(t);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut req = reqwest::Client::new()
+                .post(format!(
+                    "{}/v1/connections/{connection}/messages",
+                    self.base
+                ))
+                .header("Content-Type", "application/json")
+                .timeout(Duration::from_secs(120))
+                .body(body.clone());
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            let resp = req.send().await.expect("produce API reachable");
+            let status = resp.status().as_u16();
+            let retry = status == 503 && resp.headers().contains_key("retry-after");
+            let answer = resp.json().await.unwrap_or(Value::Null);
+            if retry && std::time::Instant::now() < deadline {
+                eprintln!("produce API: 503 {answer}; asking again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            return (status, answer);
         }
-        let resp = req.send().await.expect("produce API reachable");
-        let status = resp.status().as_u16();
-        let body = resp.json().await.unwrap_or(Value::Null);
-        (status, body)
     }
 
     /// POSTs a JSON document with the tests' token.
