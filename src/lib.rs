@@ -2,22 +2,24 @@
 //!
 //! # Layout
 //! Floors, lowest first; a module imports only from floors below its own.
+//! - [`core`], [`clock`]: the consumer core, pure, with its own types ([`core::types`]):
+//!   partition state, offsets, the commit rule, batch bounds, as one state machine
+//!   ([`core::Core`]) with no clock, and its deterministic simulator; the wall clock the shell
+//!   reads.
 //! - [`tls`], [`config`], [`limits`]: TLS client settings; TOML + environment configuration,
 //!   validated, secrets redacted, with the filter language ([`config::filter`]: a trigger's
 //!   `filter` is compiled at load); the open-files limit and the descriptors held.
 //! - [`telemetry`], [`codec`]: metrics, traces, logs; Confluent wire format, Schema Registry
 //!   client, Avro/Protobuf/JSON to JSON.
-//! - [`dispatch`]: the run dispatcher client, retry timing, and [`dispatch::event`], the event
-//!   contract sent to the dispatcher.
+//! - [`dispatch`]: the run dispatcher client, retry timing, [`dispatch::event`], the event
+//!   contract sent to the dispatcher, and [`dispatch::batch`], a batch's key and answer.
 //! - [`clients`]: what every Kafka client shares: security, AWS credentials, client
 //!   configuration, permission probes.
-//! - [`core`]: the consumer core, pure: partition state, offsets, the commit rule, batches,
-//!   as one state machine ([`core::Core`]), and its deterministic simulator.
 //! - [`produce`]: the idempotent producer, the produce API: encode, authorize, write.
 //! - [`run`]: one run of 1..n records: record age, decode, filter (applied), dispatch, retry,
 //!   `on_error`, dead letters.
-//! - [`consumer`]: the shell around the core per connection: poll and ops (commit, pause, resume) threads,
-//!   the supervisor, the monitor.
+//! - [`consumer`]: the shell around the core per connection: the poll task (which also
+//!   pauses, resumes and seeks), the commit task, the supervisor, the monitor.
 //! - [`control`]: operators' view and hands: the status model, parked keys, target states
 //!   (pause, resume), retry, skip and redrive, as an API, a web console and `ctl`; its shared
 //!   state sits beside [`run`], its service beside [`admin`].
