@@ -8,18 +8,14 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use crate::consumer::context::ConnectorContext;
+use crate::consumer::port::KafkaPort;
 use crate::core::committer::CommitResult;
 use crate::dispatch::event::TopicPartition;
 use crate::telemetry::metrics;
-
-type Consumer_ = BaseConsumer<ConnectorContext>;
 
 pub(super) use crate::core::CommitBatch;
 
@@ -28,9 +24,9 @@ pub(super) use crate::core::CommitBatch;
 /// an asynchronous manual commit never reports (see [`crate::core::committer`]). It holds no
 /// thread while it waits, and ends when the sender is dropped. (Pauses, resumes and seeks
 /// are the poll thread's, between two polls: see [`crate::consumer::poll_loop::FlowQueue`].)
-pub(crate) fn spawn(
+pub(crate) fn spawn<P: KafkaPort>(
     connection: &str,
-    consumer: Arc<Consumer_>,
+    consumer: Arc<P>,
     answers: mpsc::UnboundedSender<Vec<CommitResult>>,
 ) -> (
     mpsc::UnboundedSender<CommitBatch>,
@@ -41,7 +37,7 @@ pub(crate) fn spawn(
     let handle = tokio::spawn(async move {
         while let Some(batch) = rx.recv().await {
             let (c, name) = (Arc::clone(&consumer), Arc::clone(&name));
-            let done = tokio::task::spawn_blocking(move || apply(&name, &c, batch)).await;
+            let done = tokio::task::spawn_blocking(move || apply(&name, &*c, batch)).await;
             let results = match done {
                 Ok(results) => results,
                 // A request whose answer is lost would hold the connection's commits for
@@ -67,9 +63,8 @@ pub(crate) fn spawn(
 }
 
 /// Commits `batch`; the broker's verdict, to answer with.
-fn apply(name: &str, consumer: &Consumer_, batch: CommitBatch) -> Vec<CommitResult> {
-    let tpl = tpl_of(&batch);
-    let (request, partitions) = super::native::commit_with_results(consumer.client(), &tpl);
+fn apply<P: KafkaPort>(name: &str, consumer: &P, batch: CommitBatch) -> Vec<CommitResult> {
+    let (request, partitions) = consumer.commit(&batch);
     let results = results(batch, request, &partitions);
     let refused = results.iter().filter(|r| r.refused.is_some()).count();
     metrics::commit(name, refused == 0);
@@ -128,22 +123,6 @@ fn partition_only(code: RDKafkaErrorCode) -> bool {
     )
 }
 
-/// The request of `batch`.
-fn tpl_of(batch: &CommitBatch) -> TopicPartitionList {
-    let mut tpl = TopicPartitionList::with_capacity(batch.len());
-    for (tp, offset, metadata) in batch {
-        add(&mut tpl, tp, *offset, metadata);
-    }
-    tpl
-}
-
-/// Adds `tp` at `offset` with `metadata` to `tpl`.
-pub(super) fn add(tpl: &mut TopicPartitionList, tp: &TopicPartition, offset: i64, metadata: &str) {
-    let mut elem = tpl.add_partition(&tp.topic, tp.partition);
-    let _ = elem.set_offset(Offset::Offset(offset));
-    elem.set_metadata(metadata);
-}
-
 /// How long, from its first refusal, the shutdown's last commit is tried again while the
 /// broker refuses it only for now ([`refused_for_now`]).
 pub(super) const FINAL_COMMIT_RETRY: Duration = Duration::from_secs(10);
@@ -184,7 +163,11 @@ pub(super) fn refused_for_now(e: &KafkaError) -> bool {
 }
 
 /// Synchronously commits `commits` (a revoke's last word), off the runtime.
-pub(super) async fn commit_sync(connection: &str, consumer: &Arc<Consumer_>, commits: CommitBatch) {
+pub(super) async fn commit_sync<P: KafkaPort>(
+    connection: &str,
+    consumer: &Arc<P>,
+    commits: CommitBatch,
+) {
     commit_sync_retrying(connection, consumer, commits, None).await;
 }
 
@@ -192,9 +175,9 @@ pub(super) async fn commit_sync(connection: &str, consumer: &Arc<Consumer_>, com
 /// its first refusal (the shutdown's last commit: librdkafka's threads still run the group
 /// protocol meanwhile, so the rebalance that refused it can end). The first answer itself
 /// can take as long as the rebalance does: the request waits behind the member's JoinGroup.
-pub(super) async fn commit_sync_retrying(
+pub(super) async fn commit_sync_retrying<P: KafkaPort>(
     connection: &str,
-    consumer: &Arc<Consumer_>,
+    consumer: &Arc<P>,
     commits: CommitBatch,
     retry_for: Option<Duration>,
 ) {
@@ -202,12 +185,12 @@ pub(super) async fn commit_sync_retrying(
         return;
     }
     let mut tries = 0u32;
+    let commits = Arc::new(commits);
     let mut retry_until = None;
     loop {
         tries += 1;
-        let tpl = tpl_of(&commits);
-        let c = Arc::clone(consumer);
-        let result = tokio::task::spawn_blocking(move || c.commit(&tpl, CommitMode::Sync)).await;
+        let (c, batch) = (Arc::clone(consumer), Arc::clone(&commits));
+        let result = tokio::task::spawn_blocking(move || c.commit_sync(&batch)).await;
         match result {
             Ok(Ok(())) => {
                 metrics::commit(connection, true);

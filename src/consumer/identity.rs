@@ -16,12 +16,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::Consumer as _;
 use rdkafka::Offset;
 use tokio::sync::mpsc;
 
 use super::monitor::MovedBack;
-use super::setup::Consumer_;
+use super::port::KafkaPort;
 use crate::config::ConnectionConfig;
 use crate::core::Core;
 use crate::dispatch::event::TopicPartition;
@@ -96,7 +95,7 @@ impl IdentityWatch {
         &mut self,
         now: Instant,
         hint: bool,
-        consumer: &Arc<Consumer_>,
+        consumer: &Arc<impl KafkaPort>,
         core: &Core<KafkaShell>,
     ) {
         self.soon |= hint;
@@ -123,7 +122,8 @@ impl IdentityWatch {
         self.last = Some(now);
         let (consumer, tx) = (Arc::clone(consumer), self.tx.clone());
         drop(tokio::task::spawn_blocking(move || {
-            let ids = super::native::topic_ids(consumer.client(), &topics, TIMEOUT)
+            let ids = consumer
+                .topic_ids(&topics, TIMEOUT)
                 .map_err(|e| e.to_string());
             let _ = tx.send(ids);
         }));

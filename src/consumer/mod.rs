@@ -22,6 +22,7 @@ mod identity;
 mod monitor;
 mod native;
 mod poll_loop;
+pub mod port;
 mod queue_wake;
 mod setup;
 pub mod supervisor;

@@ -10,11 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::consumer::Consumer as _;
 use std::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use crate::consumer::context::ConnectorContext;
+use crate::consumer::port::KafkaPort;
 use crate::core::batch::BatchLimits;
 use std::collections::HashMap;
 
@@ -29,8 +28,6 @@ use crate::dispatch::event::TopicPartition;
 use crate::run::spawn::KafkaShell;
 use crate::run::TriggerRuntime;
 use crate::telemetry::metrics;
-
-type Consumer_ = rdkafka::consumer::BaseConsumer<ConnectorContext>;
 
 /// How often stalls are looked for (and readiness refreshed).
 pub(super) const STALL_CHECK: Duration = Duration::from_secs(1);
@@ -251,26 +248,22 @@ impl Monitor {
     pub(super) fn check(
         &mut self,
         config: &ConnectionConfig,
-        consumer: &Arc<Consumer_>,
+        consumer: &Arc<impl KafkaPort>,
         partitions: &mut PartitionSet<KafkaShell>,
         triggers: &[Arc<TriggerRuntime>],
         tasks: &TaskTracker,
     ) {
         self.probe_registry();
-        let brokers_up = consumer.context().brokers_up();
+        let brokers_up = consumer.brokers_up();
         if let Some(up) = brokers_up {
             metrics::brokers_up(&self.name, up);
         }
-        self.check_permissions(
-            config,
-            consumer.context().take_authorization_refused(),
-            tasks,
-        );
+        self.check_permissions(config, consumer.take_authorization_refused(), tasks);
         let mut health = ConnectionHealth {
             brokers_up: brokers_up.unwrap_or(false),
             registry_reachable: self.registry_reachable.load(Ordering::SeqCst),
             assigned_partitions: partitions.len(),
-            kafka_error: consumer.context().connect_failure().map(|f| f.to_string()),
+            kafka_error: consumer.connect_failure(),
             missing_permissions: self
                 .missing_permissions
                 .lock()
@@ -279,7 +272,7 @@ impl Monitor {
             ..ConnectionHealth::default()
         };
         let after = Duration::from_millis(config.stall_after_ms);
-        let now = Instant::now();
+        let now = crate::clock::now();
         let holding = partitions.holding();
         for p in partitions.iter_mut() {
             let backlog = p.backlog();
@@ -355,11 +348,11 @@ impl Monitor {
         };
         if self
             .last_registry_probe
-            .is_some_and(|t| t.elapsed() < REGISTRY_PROBE)
+            .is_some_and(|t| crate::clock::now().saturating_duration_since(t) < REGISTRY_PROBE)
         {
             return;
         }
-        self.last_registry_probe = Some(Instant::now());
+        self.last_registry_probe = Some(crate::clock::now());
         let registry = Arc::clone(registry);
         let flag = Arc::clone(&self.registry_reachable);
         drop(tokio::spawn(async move {
@@ -377,7 +370,7 @@ impl Monitor {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_empty();
-        if !self.permissions.due(Instant::now(), refused, reported) {
+        if !self.permissions.due(crate::clock::now(), refused, reported) {
             return;
         }
         let name = self.name.clone();
@@ -403,17 +396,17 @@ impl Monitor {
     /// time), so their lag keeps following the log while they are not fetched.
     fn probe_paused_ends(
         &mut self,
-        consumer: &Arc<Consumer_>,
+        consumer: &Arc<impl KafkaPort>,
         partitions: &PartitionSet<KafkaShell>,
     ) {
         if self
             .last_paused_end_probe
-            .is_some_and(|t| t.elapsed() < PAUSED_END_PROBE)
+            .is_some_and(|t| crate::clock::now().saturating_duration_since(t) < PAUSED_END_PROBE)
             || self.paused_end_probe_running.load(Ordering::SeqCst)
         {
             return;
         }
-        self.last_paused_end_probe = Some(Instant::now());
+        self.last_paused_end_probe = Some(crate::clock::now());
         // An operator's pause stops the fetch too (its trigger's partitions).
         let paused: Vec<TopicPartition> = partitions
             .iter()
@@ -430,18 +423,18 @@ impl Monitor {
         drop(tokio::task::spawn_blocking(move || {
             // One deadline for the whole probe, so an unreachable cluster holds this
             // thread (and the consumer) only briefly.
-            let deadline = Instant::now() + PAUSED_END_PROBE;
+            let deadline = crate::clock::now() + PAUSED_END_PROBE;
             let mut ends = std::collections::HashMap::new();
             for tp in paused {
-                let left = deadline.saturating_duration_since(Instant::now());
+                let left = deadline.saturating_duration_since(crate::clock::now());
                 if left.is_zero() {
                     break;
                 }
-                if let Ok((_, high)) = consumer.fetch_watermarks(&tp.topic, tp.partition, left) {
+                if let Ok(high) = consumer.high_watermark(&tp, left) {
                     let _ = ends.insert((tp.topic, tp.partition), high);
                 }
             }
-            consumer.context().set_paused_ends(ends);
+            consumer.set_paused_ends(ends);
             running.store(false, Ordering::SeqCst);
         }));
     }

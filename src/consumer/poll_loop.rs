@@ -19,14 +19,14 @@
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::Offset;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
-use crate::consumer::context::ConnectorContext;
+use crate::consumer::port::{KafkaPort, Positions};
 use crate::consumer::queue_wake::{self, QueueWake, Waker};
 use crate::consumer::ConsumerEvent;
 use crate::dispatch::event::TopicPartition;
@@ -44,22 +44,20 @@ pub(crate) const QUIET_POLL: Duration = Duration::from_secs(5);
 /// and the partition queues, where the byte budget counts them.
 pub(crate) const BATCH: usize = 128;
 
-type Positions = Vec<(TopicPartition, Option<i64>)>;
-
 /// Starts the poll task. It stops when `stop` is set (and the returned waker woken) or the
 /// event receiver is gone; the consumer is closed where its last reference is dropped, which
 /// the supervisor arranges to be this task's last round, on the blocking pool.
 /// The task's handle yields why a round panicked, if one did.
-pub(crate) fn spawn_poll_loop(
+pub(crate) fn spawn_poll_loop<P: KafkaPort>(
     name: &str,
-    consumer: Arc<BaseConsumer<ConnectorContext>>,
+    consumer: Arc<P>,
     events: mpsc::Sender<ConsumerEvent>,
     stop: Arc<AtomicBool>,
     flow: FlowQueue,
 ) -> std::io::Result<(tokio::task::JoinHandle<Option<String>>, Waker)> {
     let (wake, waker) = QueueWake::enable(&consumer)?;
     let ready = wake.register()?;
-    let rebalances = consumer.context().rebalances();
+    let rebalances = consumer.rebalances();
     let mut poller = Poller {
         wake,
         consumer,
@@ -138,9 +136,9 @@ async fn wait(ready: &AsyncFd<OwnedFd>, timeout: Duration) {
 /// One connection's polling state, moved onto the blocking pool for each round. The queue's
 /// eventfd is declared first so that it is dropped, and librdkafka stops writing to it,
 /// before the consumer's last reference.
-struct Poller {
-    wake: QueueWake,
-    consumer: Arc<BaseConsumer<ConnectorContext>>,
+struct Poller<P: KafkaPort> {
+    wake: QueueWake<P>,
+    consumer: Arc<P>,
     name: Arc<str>,
     flow: FlowQueue,
     events: mpsc::Sender<ConsumerEvent>,
@@ -150,7 +148,7 @@ struct Poller {
     last_activity: Instant,
 }
 
-impl Poller {
+impl<P: KafkaPort> Poller<P> {
     /// How long to wait for librdkafka before the next round. A quiet connection's wait is
     /// drawn between 80% and 120% of [`QUIET_POLL`]: connections started together would
     /// otherwise all wake in the same millisecond, each round wanting a thread of the
@@ -214,12 +212,12 @@ impl Poller {
                 seeked = true;
                 break;
             }
-            match consumer.poll(Duration::ZERO) {
+            match consumer.poll() {
                 Some(Ok(msg)) => {
                     // librdkafka hinted at a topic deleted or created again before this
                     // message reached the queue: the hint goes first, so that the connector
                     // checks the log before it runs or commits anything read after it.
-                    if consumer.context().take_identity_check() {
+                    if consumer.take_identity_check() {
                         if !batch.is_empty()
                             && self
                                 .events
@@ -236,14 +234,14 @@ impl Poller {
                             return false;
                         }
                     }
-                    batch.push(msg.detach());
+                    batch.push(msg);
                 }
                 Some(Err(e)) => {
                     error = Some(e);
                     break;
                 }
                 None => {
-                    let now_rebalances = consumer.context().rebalances();
+                    let now_rebalances = consumer.rebalances();
                     if now_rebalances != self.rebalances {
                         self.rebalances = now_rebalances;
                         rebalanced = true;
@@ -286,7 +284,7 @@ impl Poller {
             return true;
         }
         self.last_positions = Instant::now();
-        let Some(positions) = positions(consumer) else {
+        let Some(positions) = consumer.positions() else {
             return true;
         };
         // After a seek they are sent even if they look unchanged: the core restarted the
@@ -306,32 +304,12 @@ impl Poller {
     }
 }
 
-/// The consumer's positions (a local query, no request to the broker).
-fn positions(consumer: &BaseConsumer<ConnectorContext>) -> Option<Positions> {
-    let tpl = consumer.position().ok()?;
-    Some(
-        tpl.elements()
-            .iter()
-            .map(|e| {
-                let tp = TopicPartition {
-                    topic: e.topic().to_owned(),
-                    partition: e.partition(),
-                };
-                match e.offset() {
-                    Offset::Offset(o) => (tp, Some(o)),
-                    _ => (tp, None),
-                }
-            })
-            .collect(),
-    )
-}
-
 /// A pause or resume of partitions.
 pub(crate) struct FlowOp {
     /// Pause (true) or resume (false).
     pub pause: bool,
     /// The partitions.
-    pub partitions: rdkafka::TopicPartitionList,
+    pub partitions: Vec<TopicPartition>,
 }
 
 /// What the poll thread is to do to the consumer between two polls, in the order decided.
@@ -386,11 +364,7 @@ impl FlowQueue {
 
     /// Carries out what was queued, in order, on this thread. Returns whether it moved a
     /// partition's position (a seek).
-    pub(crate) fn apply_pending(
-        &self,
-        connection: &str,
-        consumer: &BaseConsumer<ConnectorContext>,
-    ) -> bool {
+    pub(crate) fn apply_pending<P: KafkaPort>(&self, connection: &str, consumer: &P) -> bool {
         if !self.inner.pending.load(Ordering::Acquire) {
             return false;
         }
@@ -409,7 +383,7 @@ impl FlowQueue {
                 FlowCmd::Flow(op) => apply_flow(connection, consumer, op),
                 FlowCmd::Seek(tp, offset) => {
                     seeked = true;
-                    if let Err(e) = consumer.seek(&tp.topic, tp.partition, offset, SEEK_TIMEOUT) {
+                    if let Err(e) = consumer.seek(&tp, offset, SEEK_TIMEOUT) {
                         tracing::warn!(connection, topic = %tp.topic, partition = tp.partition, error = %e, "cannot move the partition's position");
                     }
                 }
@@ -420,16 +394,11 @@ impl FlowQueue {
 }
 
 /// Pauses or resumes `op`'s partitions now, on this thread.
-pub(crate) fn apply_flow(connection: &str, consumer: &BaseConsumer<ConnectorContext>, op: FlowOp) {
-    if op.partitions.count() == 0 {
+pub(crate) fn apply_flow<P: KafkaPort>(connection: &str, consumer: &P, op: FlowOp) {
+    if op.partitions.is_empty() {
         return;
     }
-    let result = if op.pause {
-        consumer.pause(&op.partitions)
-    } else {
-        consumer.resume(&op.partitions)
-    };
-    if let Err(e) = result {
+    if let Err(e) = consumer.flow(op.pause, &op.partitions) {
         let what = if op.pause { "pause" } else { "resume" };
         tracing::warn!(connection, error = %e, "cannot {what} partitions");
     }

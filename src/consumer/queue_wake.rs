@@ -6,43 +6,34 @@
 //! the main queue, with logs, statistics and rebalances, into it), so one eventfd carries
 //! every reason to poll. The same eventfd is written to stop the task.
 //!
-//! Unsafe: librdkafka's queue API through rdkafka-sys, and eventfd/poll through libc.
+//! Unsafe: eventfd/poll through libc (the queue's side is the port's, see
+//! [`KafkaPort::wake_on`]).
 #![allow(unsafe_code)]
 
-use rdkafka::bindings as rdsys;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use crate::consumer::context::ConnectorContext;
+use crate::consumer::port::KafkaPort;
 
-/// What librdkafka writes: an eventfd accepts only 8-byte writes, and adds them up.
-static PAYLOAD: u64 = 1;
-
-/// An eventfd librdkafka writes to when the consumer's queue gets an element.
-pub(crate) struct QueueWake {
+/// An eventfd the consumer writes to when its queue gets an element.
+pub(crate) struct QueueWake<P: KafkaPort> {
     fd: OwnedFd,
-    /// A reference to the consumer queue, held while its events are enabled.
-    queue: *mut rdsys::rd_kafka_queue_t,
+    /// The consumer, told to stop writing before the fd closes.
+    port: Arc<P>,
 }
-
-// The queue reference is only used to enable, measure and disable io events, which
-// librdkafka does under the queue's lock; the handle is owned by one thread at a time.
-unsafe impl Send for QueueWake {}
 
 /// The half that wakes the poll task from elsewhere (to stop it).
 #[derive(Clone)]
 pub(crate) struct Waker {
-    fd: std::sync::Arc<OwnedFd>,
+    fd: Arc<OwnedFd>,
 }
 
-impl QueueWake {
-    /// Creates the eventfd and has librdkafka write to it when `consumer`'s queue gets an
+impl<P: KafkaPort> QueueWake<P> {
+    /// Creates the eventfd and has the consumer of `port` write to it when its queue gets an
     /// element. The returned waker shares the eventfd.
-    pub(crate) fn enable(
-        consumer: &BaseConsumer<ConnectorContext>,
-    ) -> std::io::Result<(Self, Waker)> {
+    pub(crate) fn enable(port: &Arc<P>) -> std::io::Result<(Self, Waker)> {
         // SAFETY: eventfd returns a new descriptor or -1.
         let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if raw < 0 {
@@ -51,26 +42,13 @@ impl QueueWake {
         // SAFETY: `raw` is a new descriptor owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let stop_fd = fd.try_clone()?;
-        // SAFETY: the consumer's handle is valid while `consumer` lives; the queue reference
-        // is destroyed in Drop, which the poll task runs before the consumer is dropped.
-        let queue = unsafe { rdsys::rd_kafka_queue_get_consumer(consumer.client().native_ptr()) };
-        if queue.is_null() {
-            return Err(std::io::Error::other("the consumer has no consumer queue"));
-        }
-        // SAFETY: librdkafka copies the payload; the fd outlives the enablement (Drop
-        // disables it before the fd is closed).
-        unsafe {
-            rdsys::rd_kafka_queue_io_event_enable(
-                queue,
-                fd.as_raw_fd(),
-                std::ptr::from_ref(&PAYLOAD).cast(),
-                std::mem::size_of::<u64>(),
-            );
-        }
+        // The fd outlives the enablement: Drop disables it before the fd is closed.
+        port.wake_on(Some(fd.as_raw_fd()));
         let waker = Waker {
-            fd: std::sync::Arc::new(stop_fd),
+            fd: Arc::new(stop_fd),
         };
-        Ok((Self { fd, queue }, waker))
+        let port = Arc::clone(port);
+        Ok((Self { fd, port }, waker))
     }
 
     /// Waits on this thread until librdkafka (or the waker) wrote, or `timeout`; clears what
@@ -101,8 +79,7 @@ impl QueueWake {
 
     /// Elements waiting in the consumer queue.
     pub(crate) fn queued(&self) -> usize {
-        // SAFETY: the queue reference is valid until Drop.
-        unsafe { rdsys::rd_kafka_queue_length(self.queue) }
+        self.port.queued()
     }
 }
 
@@ -123,14 +100,10 @@ pub(crate) fn read(fd: &OwnedFd) -> std::io::Result<()> {
     Ok(())
 }
 
-impl Drop for QueueWake {
+impl<P: KafkaPort> Drop for QueueWake<P> {
     fn drop(&mut self) {
-        // SAFETY: disable before the fd closes, then release the queue reference (before
-        // the consumer closes).
-        unsafe {
-            rdsys::rd_kafka_queue_io_event_enable(self.queue, -1, std::ptr::null(), 0);
-            rdsys::rd_kafka_queue_destroy(self.queue);
-        }
+        // Stop the writes before the fd closes (its number could be reused).
+        self.port.wake_on(None);
     }
 }
 

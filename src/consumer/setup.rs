@@ -13,6 +13,7 @@ use crate::codec::registry::RegistryClient;
 use crate::codec::Decoder;
 use crate::config::ConnectionConfig;
 use crate::consumer::context::ConnectorContext;
+use crate::consumer::port::KafkaPort;
 use crate::core::partitions::{Limits, TriggerSlot};
 use crate::core::Core;
 use crate::dispatch::retry::Backoff;
@@ -74,7 +75,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 pub(super) type Trigger = Arc<TriggerRuntime>;
 
-pub(super) type Consumer_ = rdkafka::consumer::BaseConsumer<ConnectorContext>;
+type Consumer_ = rdkafka::consumer::BaseConsumer<ConnectorContext>;
 
 /// Clients of one connection that the consumer and the produce API share: one registry
 /// client (one schema cache) and one idempotent producer; and the daemon's dispatcher pools,
@@ -290,9 +291,8 @@ pub(super) fn core(config: &ConnectionConfig) -> Core<KafkaShell> {
 pub(super) fn subscribe(
     name: &str,
     config: &ConnectionConfig,
-    consumer: &Consumer_,
+    consumer: &impl KafkaPort,
 ) -> Result<(), SupervisorError> {
-    use rdkafka::consumer::Consumer as _;
     let topics: Vec<&str> = config.topics().into_iter().collect();
     consumer
         .subscribe(&topics)

@@ -7,8 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::Consumer;
-use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -18,7 +16,8 @@ use crate::config::ConnectionConfig;
 use crate::consumer::commit_thread;
 use crate::consumer::identity::IdentityWatch;
 use crate::consumer::monitor::{CheckClock, LagSeconds, Monitor};
-use crate::consumer::setup::{self, Consumer_, Triggers};
+use crate::consumer::port::{KafkaPort, RdKafkaPort};
+use crate::consumer::setup::{self, Triggers};
 use crate::consumer::threads::{self, FlowHandle, PollThread, Threads};
 use crate::control::gate::TargetGate;
 use crate::control::ConnectionControl;
@@ -33,11 +32,12 @@ pub use crate::consumer::setup::{SharedClients, SupervisorError};
 /// Most worker events handled before the core is polled.
 const COMPLETIONS_AT_ONCE: usize = 256;
 
-/// Runs one connection.
-pub struct ConnectionSupervisor {
+/// Runs one connection, over its consumer's port (librdkafka's adapter unless a simulation
+/// gives another).
+pub struct ConnectionSupervisor<P: KafkaPort = RdKafkaPort> {
     name: String,
     config: ConnectionConfig,
-    consumer: Arc<Consumer_>,
+    consumer: Arc<P>,
     events: mpsc::Receiver<ConsumerEvent>,
     events_tx: mpsc::Sender<ConsumerEvent>,
     triggers: Triggers,
@@ -69,7 +69,7 @@ pub struct ConnectionSupervisor {
     gate: TargetGate,
 }
 
-impl ConnectionSupervisor {
+impl ConnectionSupervisor<RdKafkaPort> {
     /// Creates the consumer and the triggers' clients; opens no connection yet. `shared`
     /// holds the clients the connection shares with the produce API.
     pub fn try_new(
@@ -81,12 +81,33 @@ impl ConnectionSupervisor {
         let triggers = Triggers::try_new(name, config, shared)?;
         let (events_tx, events) = mpsc::channel(EVENT_CHANNEL);
         let consumer = setup::consumer(name, config, events_tx.clone())?;
+        let port =
+            RdKafkaPort::new(consumer).map_err(|e| SupervisorError::Thread(name.to_owned(), e))?;
+        Ok(Self::with_port(
+            name, config, health, shared, triggers, port, events_tx, events,
+        ))
+    }
+}
+
+impl<P: KafkaPort> ConnectionSupervisor<P> {
+    /// A supervisor over `port`, whose events (and its callbacks') arrive on `events`.
+    #[allow(clippy::too_many_arguments)]
+    fn with_port(
+        name: &str,
+        config: &ConnectionConfig,
+        health: HealthRegistry,
+        shared: &SharedClients,
+        triggers: Triggers,
+        port: P,
+        events_tx: mpsc::Sender<ConsumerEvent>,
+        events: mpsc::Receiver<ConsumerEvent>,
+    ) -> Self {
         let (runs, completions) = Runs::new(name, config.group_id());
         let (commit_answers_tx, commit_answers) = mpsc::unbounded_channel();
-        Ok(Self {
+        Self {
             name: name.to_owned(),
             config: config.clone(),
-            consumer: Arc::new(consumer),
+            consumer: Arc::new(port),
             events,
             events_tx,
             triggers,
@@ -107,12 +128,12 @@ impl ConnectionSupervisor {
             control: Arc::clone(&shared.control),
             control_changes: shared.control.subscribe(),
             gate: TargetGate::default(),
-        })
+        }
     }
 
     /// Subscribes and runs until `shutdown` fires; then drains, commits and closes.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), SupervisorError> {
-        setup::subscribe(&self.name, &self.config, &self.consumer)?;
+        setup::subscribe(&self.name, &self.config, &*self.consumer)?;
         let events = self.events_tx.clone();
         let mut poll_thread = PollThread::spawn(&self.name, &self.consumer, events)?;
         self.flow = Some(poll_thread.flow());
@@ -126,11 +147,11 @@ impl ConnectionSupervisor {
         self.apply_target_states();
         // The health check also bounds how long the loop goes without a turn (1 s while busy,
         // 10 s when idle): the heartbeat says whether the loop is wedged (`/livez`).
-        let mut check = CheckClock::new(Instant::now());
+        let mut check = CheckClock::new(crate::clock::now());
         let result = loop {
             self.heartbeat.beat();
             check.busy_if(self.core.partitions());
-            let wake = self.core.next_wake(Instant::now());
+            let wake = self.core.next_wake(crate::clock::now());
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break Ok(()),
@@ -154,7 +175,7 @@ impl ConnectionSupervisor {
                     let partitions = self.core.partitions_mut();
                     self.monitor.check(&self.config, &self.consumer, partitions, triggers, tasks);
                     self.lag.report(&self.name, self.core.partitions());
-                    check.checked(Instant::now(), self.core.partitions());
+                    check.checked(crate::clock::now(), self.core.partitions());
                     self.check_identity();
                     self.publish_status();
                 }
@@ -165,7 +186,7 @@ impl ConnectionSupervisor {
                 Ok(()) = self.control_changes.changed() => self.apply_target_states(),
                 _ = threads::sleep_until_opt(wake) => {}
                 Some(answer) = self.commit_answers.recv() => {
-                    self.core.on_commit_answer(Instant::now(), &answer);
+                    self.core.on_commit_answer(crate::clock::now(), &answer);
                 }
                 event = self.events.recv(), if !self.core.revoking() => match event {
                     Some(e) => self.on_event(e),
@@ -212,7 +233,7 @@ impl ConnectionSupervisor {
                 metrics::rebalance(&self.name, if lost { "lost" } else { "revoke" });
                 tracing::info!(connection = %self.name, partitions = partitions.len(), lost, "partitions revoked");
                 self.revoke_ack = Some(ack);
-                self.core.on_revoked(Instant::now(), partitions, lost);
+                self.core.on_revoked(crate::clock::now(), partitions, lost);
             }
             ConsumerEvent::IdentityHint => {
                 self.core.suspect_topics();
@@ -220,7 +241,7 @@ impl ConnectionSupervisor {
                 self.check_identity();
             }
             ConsumerEvent::Error(e) => {
-                self.consumer.context().note_error(&e, &e.to_string());
+                self.consumer.note_error(&e);
                 tracing::warn!(connection = %self.name, error = %e, "kafka consumer error");
             }
         }
@@ -239,9 +260,9 @@ impl ConnectionSupervisor {
 
     /// Reads the assigned topics' ids when due (see [`IdentityWatch`]).
     fn check_identity(&mut self) {
-        let hint = self.consumer.context().take_identity_check();
+        let hint = self.consumer.take_identity_check();
         self.identity
-            .tick(Instant::now(), hint, &self.consumer, &self.core);
+            .tick(crate::clock::now(), hint, &self.consumer, &self.core);
     }
 
     fn on_assigned(&mut self, assigned: Vec<AssignedPartition>) {
@@ -252,7 +273,7 @@ impl ConnectionSupervisor {
         let tps: Vec<TopicPartition> = assigned.iter().map(|a| a.tp.clone()).collect();
         self.pause_or_resume(false, tps.clone());
         let slots = self.triggers.slots(&self.name, &self.config, assigned);
-        self.core.on_assigned(Instant::now(), slots);
+        self.core.on_assigned(crate::clock::now(), slots);
         for tp in &tps {
             let Some(p) = self.core.partitions().by_tp(tp) else {
                 continue;
@@ -303,7 +324,7 @@ impl ConnectionSupervisor {
             }
         }
         let mut commands = std::mem::take(&mut self.commands);
-        self.core.poll(Instant::now(), &mut commands);
+        self.core.poll(crate::clock::now(), &mut commands);
         let mut paused_or_resumed = false;
         for command in commands.drain(..) {
             match command {
@@ -361,7 +382,7 @@ impl ConnectionSupervisor {
 
     fn pause_or_resume(&self, pause: bool, tps: Vec<TopicPartition>) {
         let flow = self.flow.as_ref();
-        threads::pause_or_resume(flow, &self.name, &self.consumer, pause, &tps);
+        threads::pause_or_resume(flow, &self.name, &*self.consumer, pause, tps);
     }
 
     fn report_partitions(&self) {
@@ -409,9 +430,9 @@ impl ConnectionSupervisor {
             t.join().await;
         }
         tracing::info!(connection = %self.name, "stopping: draining runs in flight");
-        self.core.on_stop(Instant::now());
+        self.core.on_stop(crate::clock::now());
         let _ = self.execute().await;
-        let deadline = Instant::now() + Duration::from_millis(self.config.drain_timeout_ms);
+        let deadline = crate::clock::now() + Duration::from_millis(self.config.drain_timeout_ms);
         while self.core.partitions().in_flight() > 0 {
             tokio::select! {
                 Some(e) = self.completions.recv() => self.on_worker_event(e),
@@ -433,7 +454,7 @@ impl ConnectionSupervisor {
         if let Some(ack) = self.revoke_ack.take() {
             let _ = ack.send(());
         }
-        self.consumer.context().set_closing();
+        self.consumer.set_closing();
         self.control.publish(None);
         self.runs.tasks.close();
         // The poll task holds the last reference: closing (callbacks) runs off the runtime.

@@ -6,14 +6,14 @@
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
-use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::consumer::commit_thread::{self, CommitBatch};
 use crate::consumer::poll_loop::{self, FlowCmd, FlowOp, FlowQueue};
+use crate::consumer::port::KafkaPort;
 use crate::consumer::queue_wake::Waker;
-use crate::consumer::setup::{Consumer_, SupervisorError};
+use crate::consumer::setup::SupervisorError;
 use crate::core::committer::CommitResult;
 use crate::dispatch::event::TopicPartition;
 
@@ -44,9 +44,9 @@ async fn ended(handle: &mut Option<JoinHandle<Option<String>>>) -> String {
 
 impl PollThread {
     /// Starts polling `consumer` of connection `name`; its events go to `events`.
-    pub(super) fn spawn(
+    pub(super) fn spawn<P: KafkaPort>(
         name: &str,
-        consumer: &Arc<Consumer_>,
+        consumer: &Arc<P>,
         events: mpsc::Sender<crate::consumer::ConsumerEvent>,
     ) -> Result<Self, SupervisorError> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -118,9 +118,9 @@ pub(super) struct Threads {
 
 impl Threads {
     /// Starts the ops task of connection `name`; commit answers arrive on `answers`.
-    pub(super) fn spawn(
+    pub(super) fn spawn<P: KafkaPort>(
         name: &str,
-        consumer: &Arc<Consumer_>,
+        consumer: &Arc<P>,
         answers: mpsc::UnboundedSender<Vec<CommitResult>>,
     ) -> Self {
         let (ops, ops_task) = commit_thread::spawn(name, Arc::clone(consumer), answers);
@@ -164,17 +164,13 @@ pub(super) async fn ops_ended(threads: &mut Option<Threads>) -> String {
 
 /// Pauses or resumes `tps` through the poll task (`flow`: before its next poll, in the order
 /// decided), or on this thread while it does not run (before the connection runs).
-pub(super) fn pause_or_resume(
+pub(super) fn pause_or_resume<P: KafkaPort>(
     flow: Option<&FlowHandle>,
     name: &str,
-    consumer: &Consumer_,
+    consumer: &P,
     pause: bool,
-    tps: &[TopicPartition],
+    partitions: Vec<TopicPartition>,
 ) {
-    let mut partitions = TopicPartitionList::with_capacity(tps.len());
-    for tp in tps {
-        let _ = partitions.add_partition(&tp.topic, tp.partition);
-    }
     let op = FlowOp { pause, partitions };
     match flow {
         Some(f) => f.send(FlowCmd::Flow(op)),
