@@ -12,7 +12,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::mpsc;
 
-use crate::consumer::port::KafkaPort;
+use crate::consumer::port::{self, KafkaPort};
 use crate::core::committer::CommitResult;
 use crate::dispatch::event::TopicPartition;
 use crate::telemetry::metrics;
@@ -37,26 +37,19 @@ pub(crate) fn spawn<P: KafkaPort>(
     let handle = tokio::spawn(async move {
         while let Some(batch) = rx.recv().await {
             let (c, name) = (Arc::clone(&consumer), Arc::clone(&name));
-            let done = tokio::task::spawn_blocking(move || apply(&name, &*c, batch)).await;
+            let done = port::call::<P, _>(move || apply(&name, &*c, batch)).await;
             let results = match done {
                 Ok(results) => results,
                 // A request whose answer is lost would hold the connection's commits for
                 // good: the task ends, and the supervisor restarts the connection.
-                Err(e) => {
-                    let reason = if e.is_panic() {
-                        crate::consumer::setup::panic_message(&*e.into_panic())
-                    } else {
-                        e.to_string()
-                    };
-                    return Some(reason);
-                }
+                Err(reason) => return Some(reason),
             };
             if answers.send(results).is_err() {
                 break;
             }
         }
         // The consumer's last reference may be this one: it closes off the runtime.
-        let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+        let _ = port::call::<P, _>(move || drop(consumer)).await;
         None
     });
     (tx, handle)
@@ -190,7 +183,7 @@ pub(super) async fn commit_sync_retrying<P: KafkaPort>(
     loop {
         tries += 1;
         let (c, batch) = (Arc::clone(consumer), Arc::clone(&commits));
-        let result = tokio::task::spawn_blocking(move || c.commit_sync(&batch)).await;
+        let result = port::call::<P, _>(move || c.commit_sync(&batch)).await;
         match result {
             Ok(Ok(())) => {
                 metrics::commit(connection, true);

@@ -91,11 +91,11 @@ impl IdentityWatch {
     /// Starts a check of the assigned topics' ids when one is due: every [`INTERVAL`] (the
     /// first one after the assignment's own), and every [`SOON`] while a check is wanted or
     /// a partition waits for its log.
-    pub(super) fn tick(
+    pub(super) fn tick<P: KafkaPort>(
         &mut self,
         now: Instant,
         hint: bool,
-        consumer: &Arc<impl KafkaPort>,
+        consumer: &Arc<P>,
         core: &Core<KafkaShell>,
     ) {
         self.soon |= hint;
@@ -121,12 +121,12 @@ impl IdentityWatch {
         self.soon = false;
         self.last = Some(now);
         let (consumer, tx) = (Arc::clone(consumer), self.tx.clone());
-        drop(tokio::task::spawn_blocking(move || {
+        super::port::start::<P>(move || {
             let ids = consumer
                 .topic_ids(&topics, TIMEOUT)
                 .map_err(|e| e.to_string());
             let _ = tx.send(ids);
-        }));
+        });
     }
 
     /// A check is wanted at once (librdkafka hinted at a topic deleted or created again).

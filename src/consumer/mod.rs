@@ -25,6 +25,8 @@ mod poll_loop;
 pub mod port;
 mod queue_wake;
 mod setup;
+#[cfg(test)]
+mod simulation;
 pub mod supervisor;
 mod threads;
 

@@ -245,10 +245,10 @@ impl Monitor {
     }
 
     /// One check: stalls, probes, permissions, readiness.
-    pub(super) fn check(
+    pub(super) fn check<P: KafkaPort>(
         &mut self,
         config: &ConnectionConfig,
-        consumer: &Arc<impl KafkaPort>,
+        consumer: &Arc<P>,
         partitions: &mut PartitionSet<KafkaShell>,
         triggers: &[Arc<TriggerRuntime>],
         tasks: &TaskTracker,
@@ -394,9 +394,9 @@ impl Monitor {
 
     /// Queries the end offsets of paused partitions (off the async threads, one probe at a
     /// time), so their lag keeps following the log while they are not fetched.
-    fn probe_paused_ends(
+    fn probe_paused_ends<P: KafkaPort>(
         &mut self,
-        consumer: &Arc<impl KafkaPort>,
+        consumer: &Arc<P>,
         partitions: &PartitionSet<KafkaShell>,
     ) {
         if self
@@ -420,7 +420,7 @@ impl Monitor {
         self.paused_end_probe_running.store(true, Ordering::SeqCst);
         let running = Arc::clone(&self.paused_end_probe_running);
         let consumer = Arc::clone(consumer);
-        drop(tokio::task::spawn_blocking(move || {
+        crate::consumer::port::start::<P>(move || {
             // One deadline for the whole probe, so an unreachable cluster holds this
             // thread (and the consumer) only briefly.
             let deadline = crate::clock::now() + PAUSED_END_PROBE;
@@ -436,7 +436,7 @@ impl Monitor {
             }
             consumer.set_paused_ends(ends);
             running.store(false, Ordering::SeqCst);
-        }));
+        });
     }
 }
 

@@ -26,7 +26,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::consumer::port::{KafkaPort, Positions};
+use crate::consumer::port::{self, KafkaPort, Positions};
 use crate::consumer::queue_wake::{self, QueueWake, Waker};
 use crate::consumer::ConsumerEvent;
 use crate::dispatch::event::TopicPartition;
@@ -68,6 +68,7 @@ pub(crate) fn spawn_poll_loop<P: KafkaPort>(
         sent_positions: None,
         rebalances,
         last_activity: Instant::now(),
+        outbox: Vec::new(),
     };
     let handle = tokio::spawn(async move {
         while !stop.load(Ordering::SeqCst) {
@@ -80,7 +81,7 @@ pub(crate) fn spawn_poll_loop<P: KafkaPort>(
                 break;
             }
             let stop_ = Arc::clone(&stop);
-            let round = tokio::task::spawn_blocking(move || {
+            let round = port::call::<P, _>(move || {
                 let go_on = poller.rounds_while_active(&stop_);
                 (poller, go_on)
             });
@@ -88,23 +89,16 @@ pub(crate) fn spawn_poll_loop<P: KafkaPort>(
             // reference with it: the task ends, and the supervisor restarts the connection.
             let (back, go_on) = match round.await {
                 Ok(back) => back,
-                Err(e) => {
-                    let reason = if e.is_panic() {
-                        crate::consumer::setup::panic_message(&*e.into_panic())
-                    } else {
-                        e.to_string()
-                    };
-                    return Some(reason);
-                }
+                Err(reason) => return Some(reason),
             };
             poller = back;
-            if !go_on {
+            if !go_on || !poller.flush().await {
                 break;
             }
         }
         drop(ready);
         // librdkafka stops writing to the eventfd before the consumer closes (field order).
-        let _ = tokio::task::spawn_blocking(move || drop(poller)).await;
+        let _ = port::call::<P, _>(move || drop(poller)).await;
         None
     });
     Ok((handle, waker))
@@ -146,6 +140,9 @@ struct Poller<P: KafkaPort> {
     sent_positions: Option<Positions>,
     rebalances: u64,
     last_activity: Instant,
+    /// Events of a round on the runtime's own thread, sent once it is over (see
+    /// [`Poller::send`]).
+    outbox: Vec<ConsumerEvent>,
 }
 
 impl<P: KafkaPort> Poller<P> {
@@ -154,6 +151,29 @@ impl<P: KafkaPort> Poller<P> {
     /// otherwise all wake in the same millisecond, each round wanting a thread of the
     /// blocking pool at once. (What kept 103 pool threads alive for 100 idle connections was
     /// the pool's keep-alive, see `BLOCKING_KEEP_ALIVE` in main.rs.)
+    /// Hands `event` to the supervisor: waits for room in the channel on this thread of the
+    /// blocking pool, or, for a port called on the runtime's own thread, keeps it for the
+    /// task to send once the round is over ([`Poller::flush`]). Err: the supervisor is gone.
+    fn send(&mut self, event: ConsumerEvent) -> Result<(), ()> {
+        if P::BLOCKS {
+            self.events.blocking_send(event).map_err(drop)
+        } else {
+            self.outbox.push(event);
+            Ok(())
+        }
+    }
+
+    /// Sends what a round on the runtime's own thread kept, in order. False when the
+    /// supervisor is gone.
+    async fn flush(&mut self) -> bool {
+        for event in std::mem::take(&mut self.outbox) {
+            if self.events.send(event).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
     fn timeout(&self) -> Duration {
         if self.last_activity.elapsed() < SETTLE {
             POLL_TIMEOUT
@@ -167,12 +187,14 @@ impl<P: KafkaPort> Poller<P> {
     /// connection then costs what a thread of its own did (no hop through the runtime per
     /// batch: handing each round to the pool made a drain by key 5% slower and 10% dearer
     /// per event); a quiet one holds no thread. False when the supervisor is gone.
+    ///
+    /// A port whose calls never block does one round: its thread is the runtime's own.
     fn rounds_while_active(&mut self, stop: &AtomicBool) -> bool {
         loop {
             if !self.round() {
                 return false;
             }
-            if stop.load(Ordering::SeqCst) || self.last_activity.elapsed() >= SETTLE {
+            if !P::BLOCKS || stop.load(Ordering::SeqCst) || self.last_activity.elapsed() >= SETTLE {
                 return true;
             }
             if self.wake.queued() == 0 {
@@ -184,7 +206,8 @@ impl<P: KafkaPort> Poller<P> {
     /// Polls what is ready and hands it over, then the positions when due. False when the
     /// supervisor is gone.
     fn round(&mut self) -> bool {
-        let consumer = &*self.consumer;
+        let consumer = Arc::clone(&self.consumer);
+        let consumer = &*consumer;
         // A seek resets librdkafka's position of the partition to none, as an assignment
         // does (librdkafka #3567): like a rebalance, it ends the batch, and the positions
         // are read before a later poll can move them past a transaction marker of the log
@@ -220,17 +243,12 @@ impl<P: KafkaPort> Poller<P> {
                     if consumer.take_identity_check() {
                         if !batch.is_empty()
                             && self
-                                .events
-                                .blocking_send(ConsumerEvent::Messages(std::mem::take(&mut batch)))
+                                .send(ConsumerEvent::Messages(std::mem::take(&mut batch)))
                                 .is_err()
                         {
                             return false;
                         }
-                        if self
-                            .events
-                            .blocking_send(ConsumerEvent::IdentityHint)
-                            .is_err()
-                        {
+                        if self.send(ConsumerEvent::IdentityHint).is_err() {
                             return false;
                         }
                     }
@@ -259,16 +277,11 @@ impl<P: KafkaPort> Poller<P> {
         if !idle || reset {
             self.last_activity = Instant::now();
         }
-        if !batch.is_empty()
-            && self
-                .events
-                .blocking_send(ConsumerEvent::Messages(batch))
-                .is_err()
-        {
+        if !batch.is_empty() && self.send(ConsumerEvent::Messages(batch)).is_err() {
             return false;
         }
         if let Some(e) = error {
-            if self.events.blocking_send(ConsumerEvent::Error(e)).is_err() {
+            if self.send(ConsumerEvent::Error(e)).is_err() {
                 return false;
             }
         }
@@ -296,11 +309,7 @@ impl<P: KafkaPort> Poller<P> {
             return true;
         }
         self.sent_positions = Some(positions.clone());
-        positions.is_empty()
-            || self
-                .events
-                .blocking_send(ConsumerEvent::Positions(positions))
-                .is_ok()
+        positions.is_empty() || self.send(ConsumerEvent::Positions(positions)).is_ok()
     }
 }
 

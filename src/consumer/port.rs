@@ -42,6 +42,13 @@ pub type CommitVerdict = (
 /// answer, a seek for the partition's fetcher): the shell makes the blocking ones off the
 /// runtime's workers, as noted on each.
 pub trait KafkaPort: Send + Sync + 'static {
+    /// Whether the port's calls block their thread: librdkafka's do (a commit waits for the
+    /// broker, a poll runs the revoke callback, which waits for the supervisor), so the
+    /// shell makes them on tokio's blocking pool. A port whose calls never block (a
+    /// simulated librdkafka) is called on the task's own thread, so that one thread runs
+    /// the whole connection in an order a seed replays.
+    const BLOCKS: bool = true;
+
     /// Subscribes to `topics` (names and patterns).
     fn subscribe(&self, topics: &[&str]) -> Result<(), KafkaError>;
 
@@ -109,6 +116,36 @@ pub trait KafkaPort: Send + Sync + 'static {
 
     /// The connection committed for shutdown: rebalance callbacks from now on do nothing.
     fn set_closing(&self);
+}
+
+/// Runs `f`, a call to port `P`, where it may block: on tokio's blocking pool when `P`'s
+/// calls block, else here. Err: it panicked, with the panic's message (or why the blocking
+/// pool lost it).
+pub(crate) async fn call<P: KafkaPort, T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    if P::BLOCKS {
+        tokio::task::spawn_blocking(f).await.map_err(|e| {
+            if e.is_panic() {
+                super::setup::panic_message(&*e.into_panic())
+            } else {
+                e.to_string()
+            }
+        })
+    } else {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+            .map_err(|p| super::setup::panic_message(&*p))
+    }
+}
+
+/// Starts `f`, a call to port `P` whose answer goes elsewhere (a channel), without waiting
+/// for it: on tokio's blocking pool when `P`'s calls block, else at once, here.
+pub(crate) fn start<P: KafkaPort>(f: impl FnOnce() + Send + 'static) {
+    if P::BLOCKS {
+        drop(tokio::task::spawn_blocking(f));
+    } else {
+        f();
+    }
 }
 
 /// What librdkafka writes to the eventfd: an eventfd accepts only 8-byte writes, and adds

@@ -89,6 +89,26 @@ impl ConnectionSupervisor<RdKafkaPort> {
     }
 }
 
+#[cfg(test)]
+impl<P: KafkaPort> ConnectionSupervisor<P> {
+    /// A supervisor over the port `port_of` makes, given where its rebalance callbacks' events
+    /// go (a simulated librdkafka).
+    pub(crate) fn over(
+        name: &str,
+        config: &ConnectionConfig,
+        health: HealthRegistry,
+        shared: &SharedClients,
+        port_of: impl FnOnce(mpsc::Sender<ConsumerEvent>) -> P,
+    ) -> Result<Self, SupervisorError> {
+        let triggers = Triggers::try_new(name, config, shared)?;
+        let (events_tx, events) = mpsc::channel(EVENT_CHANNEL);
+        let port = port_of(events_tx.clone());
+        Ok(Self::with_port(
+            name, config, health, shared, triggers, port, events_tx, events,
+        ))
+    }
+}
+
 impl<P: KafkaPort> ConnectionSupervisor<P> {
     /// A supervisor over `port`, whose events (and its callbacks') arrive on `events`.
     #[allow(clippy::too_many_arguments)]

@@ -24,7 +24,7 @@ pub mod record_age;
 mod scheduler;
 pub mod shell;
 #[cfg(test)]
-mod simulation;
+pub(crate) mod simulation;
 mod starts;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -120,7 +120,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_millis(300);
 
 mod group;
 mod metadata;
-mod schedule;
+pub(crate) mod schedule;
 mod world;
 use schedule::{Gaps, LogRecord, Params, Protocol, Rng};
 use world::WorldState;
