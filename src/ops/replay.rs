@@ -565,7 +565,7 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
                         DispatchOutcome::Accepted { .. } => "retryable",
                         o => o.label(),
                     };
-                    for &i in &group {
+                    for &i in &failed.records {
                         settled[i] = Some((key.clone(), label));
                     }
                     transient = 0;
