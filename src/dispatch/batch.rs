@@ -1,6 +1,7 @@
 //! Batch requests, the pure part: a batch's idempotency key, which records of a partly failed
 //! batch are sent again, and how a rejected batch is bisected. Shared by a trigger's runs
-//! (`run::attempt`, `run::body`) and `dlq replay` (`ops::replay`).
+//! and `dlq replay` (`ops::replay`), which build requests through `run::body` and read
+//! answers through `run::plan`.
 
 use std::collections::HashSet;
 
@@ -72,19 +73,6 @@ pub fn to_retry<K: Eq + std::hash::Hash>(records: &[(&str, K)], failed: &[String
     out
 }
 
-/// After a 2xx `answer` to a batch of `records` (each an id and a key, in offset order):
-/// which are sent again ([`to_retry`] of the events the answer names failed), and why the
-/// answer could not be read when it could not ([`failed_ids`]; then all of them go again).
-pub fn to_retry_after<K: Eq + std::hash::Hash>(
-    answer: &[u8],
-    records: &[(&str, K)],
-) -> (Vec<usize>, Option<String>) {
-    match failed_ids(answer) {
-        Ok(failed) => (to_retry(records, &failed), None),
-        Err(reason) => ((0..records.len()).collect(), Some(reason)),
-    }
-}
-
 /// The dispatcher's partial-failure answer: `{"failed": ["<event id>", …]}`. Any other 2xx
 /// body (empty, not JSON, without `failed`) accepts the whole batch. Err when the answer
 /// speaks of `failed` and cannot be read as that list (a wrong type, cut-off JSON): then no
@@ -151,19 +139,6 @@ mod tests {
         assert!(to_retry(&records, &[]).is_empty());
         // A failed record's earlier records of its key are accepted.
         assert_eq!(to_retry(&records, &["a2".to_owned()]), vec![2]);
-    }
-
-    #[test]
-    fn an_answer_decides_what_goes_again_and_an_unreadable_one_sends_everything() {
-        let records = [("a", "k1"), ("b", "k2"), ("c", "k1"), ("d", "k3")];
-        assert_eq!(to_retry_after(b"", &records), (vec![], None));
-        assert_eq!(
-            to_retry_after(br#"{"failed": ["a"]}"#, &records),
-            (vec![0, 2], None)
-        );
-        let (all, reason) = to_retry_after(br#"{"failed": "a"}"#, &records);
-        assert_eq!(all, vec![0, 1, 2, 3]);
-        assert!(reason.is_some());
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //! the batch being filled) and let go, so memory holds at most one batch, whatever the range.
 //! Each record goes as its trigger would send it: in the trigger's envelope, alone with its
 //! original idempotency key, or for a batch trigger in batches of up to `batch.max_records`
-//! and `batch.max_bytes` of dead letters from one original partition, rendered and answered
-//! as the daemon's batches are (see `kafka::batch_worker`). Failures are retried with the
-//! trigger's `retry` settings through the daemon's [`decide`] and [`Backoff`]; a dry run says
+//! and `batch.max_bytes` of dead letters from one original partition, rendered as the
+//! daemon's batches are ([`Renderer`]). Each answer is read as the daemon's runs read theirs
+//! ([`plan::read`]: a 409 to a batch's key, failed events named, a refused batch halved), and
+//! failures are retried with the trigger's `retry` settings and [`Backoff`]; a dry run says
 //! which requests would go and sends none. The trigger's `filter` and `max_record_age_ms`
 //! do not apply (replaying a record is asking for its run), and `on_error` neither: a record
 //! that still fails is reported, never dead-lettered again.
@@ -28,12 +29,12 @@ use crate::codec::registry::RegistryClient;
 use crate::codec::{DecodeError, Decoded, Decoder, Field};
 use crate::config::{Config, ConnectionConfig, TriggerConfig};
 use crate::core::batch::BatchLimits;
-use crate::dispatch::batch;
 use crate::dispatch::cloudevents::CloudEvents;
 use crate::dispatch::event::{self, EventRecord, EventSource};
 use crate::dispatch::retry::Backoff;
 use crate::dispatch::{DispatchOutcome, DispatchRequest, HttpDispatcher};
 use crate::run::body::{Rendered, Renderer};
+use crate::run::plan::{self, Member, Request, Verdict};
 use crate::run::{decide, Next, Observed, RetryPolicy};
 
 /// How long a partition may yield no record before its end is reached.
@@ -432,22 +433,34 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
                 .dispatcher
                 .send(request.clone(), traceparent, false)
                 .await;
-            let (observed, reason) = observe(&outcome, &mut transient);
-            match decide(observed, transient, &self.policy) {
+            let member = Member {
+                index: 0,
+                id,
+                key: None,
+                transient,
+            };
+            let verdict = plan::read(Request::Single, &outcome, &[], &[member], &self.policy);
+            // A single record is never sent again under another key nor split.
+            let Verdict::Settled { failed, .. } = verdict else {
+                continue;
+            };
+            let Some(failed) = failed else {
+                self.report(at, id, Some(id), attempts, "accepted");
+                return Ok(());
+            };
+            transient = failed.transient;
+            let reason = failure_reason(&outcome);
+            match failed.next {
                 Next::Retry { retry_after } => {
                     self.wait(attempts, retry_after, &reason, id).await;
-                }
-                Next::Done(_) => {
-                    self.report(at, id, Some(id), attempts, "accepted");
-                    return Ok(());
-                }
-                Next::Fail(_) => {
-                    self.report(at, id, Some(id), attempts, outcome.label());
-                    return Ok(());
                 }
                 Next::Stop => {
                     self.report(at, id, Some(id), attempts, outcome.label());
                     bail!("{reason}; replay stopped");
+                }
+                Next::Done(_) | Next::Fail(_) => {
+                    self.report(at, id, Some(id), attempts, outcome.label());
+                    return Ok(());
                 }
             }
         }
@@ -463,10 +476,10 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
         tokio::time::sleep(delay).await;
     }
 
-    /// Sends the batch being filled, as the daemon's batch worker does: a 409 to its key
-    /// sends it again under a key of its own; the events a 2xx answer names failed (and the
-    /// later records of their keys) go again; a refused batch is halved until the refused
-    /// record is alone; transient failures are retried per the trigger's policy.
+    /// Sends the batch being filled, as the daemon's runs send theirs ([`plan::read`]): a 409
+    /// to its key sends it again under a key of its own; the events a 2xx answer names failed
+    /// (and the later records of their keys) go again; a refused batch is halved until the
+    /// refused record is alone; transient failures are retried per the trigger's policy.
     async fn flush(&mut self) -> anyhow::Result<()> {
         if self.batch.is_empty() {
             return Ok(());
@@ -494,77 +507,70 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
                 attempts[i] += 1;
             }
             let (outcome, answer) = self.dispatcher.send(request, None, true).await;
-            let next = match &outcome {
-                DispatchOutcome::Accepted { status: 409 } if conflict_nonce.is_none() => {
+            let members: Vec<Member<'_>> = group
+                .iter()
+                .map(|&i| Member {
+                    index: i,
+                    id: &records[i].id,
+                    key: records[i].original.key(),
+                    transient,
+                })
+                .collect();
+            let request = Request::of(true, conflict_nonce);
+            let failed = match plan::read(request, &outcome, &answer, &members, &self.policy) {
+                Verdict::Rekey => {
                     conflict_nonce = Some(rand::random());
                     continue;
                 }
-                DispatchOutcome::Accepted { .. } => {
-                    let keyed: Vec<(&str, Option<&[u8]>)> = group
-                        .iter()
-                        .map(|&i| (records[i].id.as_str(), records[i].original.key()))
-                        .collect();
-                    let (again, unreadable) = batch::to_retry_after(&answer, &keyed);
-                    if let Some(reason) = unreadable {
-                        tracing::warn!(
-                            trigger = %self.name, idempotency_key = %key, error = %reason,
-                            "unreadable partial-failure answer; the batch is sent again"
-                        );
-                    }
-                    let retry: Vec<usize> = again.into_iter().map(|j| group[j]).collect();
-                    for &i in &group {
-                        if !retry.contains(&i) {
-                            settled[i] = Some((key.clone(), "accepted"));
-                        }
-                    }
+                Verdict::Split { first, second } => {
                     let _ = stack.pop();
-                    if retry.is_empty() {
-                        transient = 0;
-                        continue;
-                    }
-                    stack.push(retry);
-                    transient += 1;
-                    decide(
-                        Observed::Retryable { retry_after: None },
-                        transient,
-                        &self.policy,
-                    )
-                }
-                DispatchOutcome::Rejected { .. } if group.len() > 1 => {
-                    let _ = stack.pop();
-                    if let Some((first, second)) = batch::bisect(&group) {
-                        stack.push(second);
-                        stack.push(first);
-                    }
+                    stack.push(second);
+                    stack.push(first);
                     transient = 0;
                     continue;
                 }
-                other => {
-                    let (observed, _) = observe(other, &mut transient);
-                    decide(observed, transient, &self.policy)
+                Verdict::Settled { accepted, failed } => {
+                    for i in accepted {
+                        settled[i] = Some((key.clone(), "accepted"));
+                    }
+                    let _ = stack.pop();
+                    match failed {
+                        Some(failed) => failed,
+                        None => {
+                            transient = 0;
+                            continue;
+                        }
+                    }
                 }
             };
-            match next {
+            if let Some(reason) = failed.partial.as_ref().and_then(|p| p.unreadable.as_ref()) {
+                tracing::warn!(
+                    trigger = %self.name, idempotency_key = %key, error = %reason,
+                    "unreadable partial-failure answer; the batch is sent again"
+                );
+            }
+            transient = failed.transient;
+            match failed.next {
                 Next::Retry { retry_after } => {
+                    stack.push(failed.records);
                     let reason = match &outcome {
                         DispatchOutcome::Retryable { reason, .. } => reason.clone(),
                         _ => "some events of the batch failed".to_owned(),
                     };
                     self.wait(transient, retry_after, &reason, &key).await;
                 }
-                Next::Done(_) | Next::Fail(_) | Next::Stop => {
+                next => {
                     let label = match &outcome {
                         // A partial failure whose retries ran out.
                         DispatchOutcome::Accepted { .. } => "retryable",
                         o => o.label(),
                     };
-                    for &i in &group {
+                    for &i in &failed.records {
                         settled[i] = Some((key.clone(), label));
                     }
-                    let _ = stack.pop();
                     transient = 0;
                     if next == Next::Stop {
-                        stopped = Some(observe(&outcome, &mut 0).1);
+                        stopped = Some(failure_reason(&outcome));
                         break;
                     }
                 }
@@ -599,35 +605,18 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
     }
 }
 
-/// What an answer means for [`decide`], and why it failed; counts a transient failure.
-fn observe(outcome: &DispatchOutcome, transient: &mut u32) -> (Observed, String) {
+/// Why a request failed, as the replay logs it and stops with.
+fn failure_reason(outcome: &DispatchOutcome) -> String {
     match outcome {
-        DispatchOutcome::Accepted { .. } => (Observed::Accepted, String::new()),
-        DispatchOutcome::Retryable {
-            reason,
-            retry_after,
-            ..
-        } => {
-            *transient += 1;
-            (
-                Observed::Retryable {
-                    retry_after: *retry_after,
-                },
-                reason.clone(),
-            )
+        DispatchOutcome::Accepted { .. } => String::new(),
+        DispatchOutcome::Retryable { reason, .. } => reason.clone(),
+        DispatchOutcome::Rejected { status, reason } => {
+            format!("dispatcher answered HTTP {status}: {reason}")
         }
-        DispatchOutcome::Rejected { status, reason } => (
-            Observed::Rejected,
-            format!("dispatcher answered HTTP {status}: {reason}"),
-        ),
-        DispatchOutcome::Invalid { reason } => (
-            Observed::Invalid,
-            format!("request cannot be built: {reason}"),
-        ),
-        DispatchOutcome::Unauthorized { status, reason } => (
-            Observed::Unauthorized,
-            format!("the dispatcher refused the trigger's credentials (HTTP {status}): {reason}"),
-        ),
+        DispatchOutcome::Invalid { reason } => format!("request cannot be built: {reason}"),
+        DispatchOutcome::Unauthorized { status, reason } => {
+            format!("the dispatcher refused the trigger's credentials (HTTP {status}): {reason}")
+        }
     }
 }
 

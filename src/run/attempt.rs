@@ -17,15 +17,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::body::{self, Acceptance, Rendered};
-use super::decide::{decide, Attempts, Failure, Observed, Step};
+use super::body::{self, Rendered};
+use super::decide::{Attempts, Failure, Step};
 use super::error_policy::{
     apply_error_policy, expired, on_decode_error, on_panic, operator_skip, OperatorSkip,
 };
+use super::plan::{self, Member, Verdict};
 use super::{TriggerRuntime, WorkOutcome};
 use crate::codec::{DecodeError, Decoded, Field};
 use crate::control::{ActionError, ActionOutcome, Directive, ParkedKey, ParkedRun};
-use crate::dispatch::batch;
 use crate::dispatch::event::{self, EventHeader};
 use crate::dispatch::DispatchOutcome;
 use crate::telemetry::trace;
@@ -129,7 +129,7 @@ struct Run<'a, Y: Fn()> {
     /// Whether the request is a batch (see [`body::is_batch`]).
     batch: bool,
     /// Set at a batch's first 409: later requests of this run carry Idempotency-Keys of
-    /// their own (see [`batch::conflict_key`]).
+    /// their own (see [`crate::dispatch::batch::conflict_key`]).
     conflict_nonce: Option<u64>,
     permit: Option<OwnedSemaphorePermit>,
     drain: &'a CancellationToken,
@@ -313,7 +313,8 @@ impl<Y: Fn()> Run<'_, Y> {
         answer
     }
 
-    /// What the answer to the request for `group` (taken off `stack`) means for its records.
+    /// What the answer to the request for `group` (taken off `stack`) means for its records
+    /// ([`plan::read`]); the trigger, the parked run and the logs hear of it here.
     async fn read(
         &mut self,
         records: &mut [Record<'_>],
@@ -324,66 +325,99 @@ impl<Y: Fn()> Run<'_, Y> {
     ) -> Then {
         let trigger = self.trigger;
         let policy = trigger.retry_policy();
-        // The records that failed, what was observed, and what `on_error` is told.
-        let (group, observed, message, status, transient) = match outcome {
-            DispatchOutcome::Accepted { status } => {
-                trigger.resume();
-                let nonce = self.conflict_nonce;
-                let (retry, failed) = match body::read_acceptance(
-                    trigger, self.batch, status, answer, nonce, records, &group,
-                ) {
-                    Acceptance::Conflict => {
-                        self.conflict_nonce = Some(rand::random());
-                        tracing::info!(
-                            connection = %trigger.connection, trigger = %trigger.name,
-                            records = group.len(),
-                            "dispatcher answered 409 to the batch; it is sent again under its own key"
-                        );
-                        stack.push(group);
-                        return None;
-                    }
-                    Acceptance::Accepted { retry, failed } => (retry, failed),
-                };
-                let msg = &records[group[0]].msg;
-                tracing::debug!(
-                    connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
-                    partition = msg.partition(), offset = msg.offset(), "run accepted"
+        let request = plan::Request::of(self.batch, self.conflict_nonce);
+        let verdict = plan::read(
+            request,
+            &outcome,
+            answer,
+            &members(records, &group),
+            &policy,
+        );
+        // The dispatcher answered (a refused request or refused credentials aside).
+        if !matches!(
+            outcome,
+            DispatchOutcome::Invalid { .. } | DispatchOutcome::Unauthorized { .. }
+        ) {
+            trigger.resume();
+        }
+        let failed = match verdict {
+            Verdict::Rekey => {
+                self.conflict_nonce = Some(rand::random());
+                tracing::info!(
+                    connection = %trigger.connection, trigger = %trigger.name,
+                    records = group.len(),
+                    "dispatcher answered 409 to the batch; it is sent again under its own key"
                 );
-                for &i in &group {
-                    if !retry.contains(&i) {
-                        accepted(trigger, &mut records[i]);
-                    }
+                stack.push(group);
+                return None;
+            }
+            Verdict::Split { first, second } => {
+                if let DispatchOutcome::Rejected { status, .. } = outcome {
+                    tracing::info!(
+                        connection = %trigger.connection, trigger = %trigger.name,
+                        records = group.len(), status, "dispatcher rejected the batch; splitting it to find the record it refuses"
+                    );
                 }
-                if retry.is_empty() {
-                    return None;
+                stack.push(second);
+                stack.push(first);
+                return None;
+            }
+            Verdict::Settled {
+                accepted: done,
+                failed,
+            } => {
+                if let DispatchOutcome::Accepted { .. } = outcome {
+                    let msg = &records[group[0]].msg;
+                    tracing::debug!(
+                        connection = %trigger.connection, trigger = %trigger.name, topic = msg.topic(),
+                        partition = msg.partition(), offset = msg.offset(), "run accepted"
+                    );
+                }
+                for i in done {
+                    accepted(trigger, &mut records[i]);
+                }
+                match failed {
+                    Some(failed) => failed,
+                    None => return None,
+                }
+            }
+        };
+        if failed.counted {
+            for &i in &failed.records {
+                records[i].attempts.transient += 1;
+            }
+        }
+        let (group, transient) = (failed.records, failed.transient);
+        // What `on_error` is told.
+        let (message, status) = match outcome {
+            DispatchOutcome::Accepted { .. } => {
+                let (named, unreadable) = failed
+                    .partial
+                    .map_or((0, None), |p| (p.named, p.unreadable));
+                if let Some(reason) = unreadable {
+                    // Which events failed cannot be read: none counts as accepted.
+                    tracing::warn!(
+                        connection = %trigger.connection, trigger = %trigger.name,
+                        error = %reason, "unreadable partial-failure answer; the batch is sent again"
+                    );
                 }
                 let msg = &records[group[0]].msg;
                 tracing::warn!(
                     connection = %trigger.connection, trigger = %trigger.name,
                     topic = msg.topic(), partition = msg.partition(),
-                    failed, retried = retry.len(),
+                    failed = named, retried = group.len(),
                     "dispatcher accepted the batch but for some events; they are sent again"
                 );
-                let transient = failed_again(records, &retry);
-                let message = "some events of the batch failed".to_owned();
-                (
-                    retry,
-                    Observed::Retryable { retry_after: None },
-                    message,
-                    None,
-                    transient,
-                )
+                ("some events of the batch failed".to_owned(), None)
             }
             DispatchOutcome::Retryable {
                 status,
                 reason,
                 retry_after,
             } => {
-                trigger.resume();
                 if let (Some(429 | 503), Some(ra)) = (status, retry_after) {
                     trigger.throttle(ra);
                 }
-                let transient = failed_again(records, &group);
                 self.last_answer = Some((status, reason.clone()));
                 trigger.failed(&format!("dispatcher failing: {reason}"));
                 let msg = &records[group[0]].msg;
@@ -392,26 +426,12 @@ impl<Y: Fn()> Run<'_, Y> {
                     partition = msg.partition(), offset = msg.offset(), status = ?status,
                     attempt = transient, error = %reason, "dispatch failed, will retry"
                 );
-                let message = format!("{transient} attempts failed; last: {reason}");
                 (
-                    group,
-                    Observed::Retryable { retry_after },
-                    message,
+                    format!("{transient} attempts failed; last: {reason}"),
                     status,
-                    transient,
                 )
             }
             DispatchOutcome::Rejected { status, reason } => {
-                trigger.resume();
-                if let Some((first, second)) = batch::bisect(&group) {
-                    tracing::info!(
-                        connection = %trigger.connection, trigger = %trigger.name,
-                        records = group.len(), status, "dispatcher rejected the batch; splitting it to find the record it refuses"
-                    );
-                    stack.push(second);
-                    stack.push(first);
-                    return None;
-                }
                 self.last_answer = Some((Some(status), reason.clone()));
                 trigger.failed(&format!("dispatcher rejected a message with HTTP {status}"));
                 let msg = &records[group[0]].msg;
@@ -420,9 +440,10 @@ impl<Y: Fn()> Run<'_, Y> {
                     partition = msg.partition(), offset = msg.offset(), status, error = %reason,
                     "dispatcher rejected the message"
                 );
-                let message = format!("dispatcher answered HTTP {status}: {reason}");
-                let transient = most_transient(records, &group);
-                (group, Observed::Rejected, message, Some(status), transient)
+                (
+                    format!("dispatcher answered HTTP {status}: {reason}"),
+                    Some(status),
+                )
             }
             DispatchOutcome::Invalid { reason } => {
                 self.last_answer = Some((None, reason.clone()));
@@ -436,9 +457,7 @@ impl<Y: Fn()> Run<'_, Y> {
                     partition = msg.partition(), offset = msg.offset(), error = %reason,
                     "{what} cannot be sent to the dispatcher"
                 );
-                let message = format!("request cannot be built: {reason}");
-                let transient = most_transient(records, &group);
-                (group, Observed::Invalid, message, None, transient)
+                (format!("request cannot be built: {reason}"), None)
             }
             DispatchOutcome::Unauthorized { status, reason } => {
                 self.last_answer = Some((Some(status).filter(|s| *s > 0), reason.clone()));
@@ -448,17 +467,10 @@ impl<Y: Fn()> Run<'_, Y> {
                     0 => reason.clone(),
                     _ => format!("dispatcher answered HTTP {status} ({reason})"),
                 });
-                let transient = most_transient(records, &group);
-                (
-                    group,
-                    Observed::Unauthorized,
-                    String::new(),
-                    Some(status),
-                    transient,
-                )
+                (String::new(), Some(status))
             }
         };
-        let step = Step::of(decide(observed, transient, &policy), |class| Failure {
+        let step = Step::of(failed.next, |class| Failure {
             stage: "DISPATCH",
             class,
             message,
@@ -468,10 +480,10 @@ impl<Y: Fn()> Run<'_, Y> {
         self.after_failure(records, stack, group, step, true).await
     }
 
-    /// After a failed attempt of `group`: `step` is [`decide`]'s verdict. A record `on_error`
-    /// cannot handle (`block`, a dead-letter write that failed) stays in the group, which is
-    /// then sent again after the backoff. `schema`: the failure's dead letters carry the
-    /// schema id each record's value was decoded with.
+    /// After a failed attempt of `group`: `step` is [`decide`](super::decide::decide)'s
+    /// verdict. A record `on_error` cannot handle (`block`, a dead-letter write that failed)
+    /// stays in the group, which is then sent again after the backoff. `schema`: the
+    /// failure's dead letters carry the schema id each record's value was decoded with.
     async fn after_failure(
         &self,
         records: &mut [Record<'_>],
@@ -724,6 +736,22 @@ fn failed_again(records: &mut [Record<'_>], group: &[usize]) -> u32 {
         records[i].attempts.transient += 1;
     }
     most_transient(records, group)
+}
+
+/// The records `group` of `records`, as [`plan::read`] reads an answer for them.
+fn members<'r>(records: &'r [Record<'_>], group: &[usize]) -> Vec<Member<'r>> {
+    group
+        .iter()
+        .map(|&i| {
+            let r = &records[i];
+            Member {
+                index: i,
+                id: &r.id,
+                key: r.msg.key(),
+                transient: r.attempts.transient,
+            }
+        })
+        .collect()
 }
 
 /// The most transient failures a record of `group` has had.

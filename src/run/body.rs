@@ -1,6 +1,6 @@
 //! What differs between a single trigger's run and a batch trigger's: the request (the
-//! record's event under its own key, or the batch of docs/event.md under the batch's key) and
-//! how an answer that accepts it is read.
+//! record's event under its own key, or the batch of docs/event.md under the batch's key).
+//! How its answer is read, for either, is [`super::plan`].
 
 use bytes::Bytes;
 use hyper::header::HeaderMap;
@@ -186,58 +186,4 @@ pub(super) async fn send(
     traceparent: Option<&str>,
 ) -> (DispatchOutcome, Bytes) {
     trigger.dispatcher.send(request, traceparent, batch).await
-}
-
-/// How an answer that accepts a request is read.
-pub(super) enum Acceptance {
-    /// Accepted, but for these records of the request (sent again), of `failed` named.
-    Accepted { retry: Vec<usize>, failed: usize },
-    /// A 409 to a batch's key used before (by this owner or an earlier one): it says the key
-    /// was seen, not which events that request had accepted, so the batch goes again under a
-    /// key of its own, and the answer to that one counts.
-    Conflict,
-}
-
-/// Reads the accepting answer (`status`; `answer`, the body a batch's 2xx kept) to the request
-/// for `group`. A single event: 2xx and 409 accept it. A batch (docs/event.md): a 409 to a
-/// fresh key, or a 2xx, accepts every event but those `{"failed": [ids]}` names, and the later
-/// records of their keys; an unreadable `failed` accepts none.
-pub(super) fn read_acceptance(
-    trigger: &TriggerRuntime,
-    batch: bool,
-    status: u16,
-    answer: &[u8],
-    conflict_nonce: Option<u64>,
-    records: &[Record<'_>],
-    group: &[usize],
-) -> Acceptance {
-    if !batch {
-        return Acceptance::Accepted {
-            retry: Vec::new(),
-            failed: 0,
-        };
-    }
-    if status == 409 && conflict_nonce.is_none() {
-        return Acceptance::Conflict;
-    }
-    let failed = batch::failed_ids(answer).unwrap_or_else(|reason| {
-        // Which events failed cannot be read: none counts as accepted.
-        tracing::warn!(
-            connection = %trigger.connection, trigger = %trigger.name,
-            error = %reason, "unreadable partial-failure answer; the batch is sent again"
-        );
-        group.iter().map(|&i| records[i].id.clone()).collect()
-    });
-    let keyed: Vec<(&str, Option<&[u8]>)> = group
-        .iter()
-        .map(|&i| (records[i].id.as_str(), records[i].msg.key()))
-        .collect();
-    let retry = batch::to_retry(&keyed, &failed)
-        .into_iter()
-        .map(|j| group[j])
-        .collect();
-    Acceptance::Accepted {
-        retry,
-        failed: failed.len(),
-    }
 }

@@ -1,8 +1,8 @@
 //! Runs: a run is 1..n records of one partition, a single-record trigger's run a batch of
 //! one. One loop ([`attempt`]) takes every run until each record is handled (accepted,
 //! filtered, expired, skipped or dead-lettered) or its partition is taken away; a single
-//! trigger and a batch trigger differ only in the request body and in how its answer is read
-//! ([`body`]).
+//! trigger and a batch trigger differ only in the request body ([`body`]) and in how its
+//! answer is read ([`plan`]).
 //!
 //! Outcomes, per the trigger's configuration:
 //! - dispatcher 2xx: accepted (a batch's: but for the events its answer names in
@@ -28,13 +28,15 @@
 //! While waiting to retry, a run gives its concurrency permit back, so a failing key only
 //! parks itself: other keys keep the trigger's full concurrency.
 //!
-//! The decisions are pure: [`decide()`] here and [`crate::dispatch::batch`].
+//! The decisions are pure: [`decide()`] here, [`plan`] (what an answer means for the
+//! records it answers, shared with `dlq replay`) and [`crate::dispatch::batch`].
 
 pub(super) mod attempt;
 pub(super) mod body;
 mod decide;
 mod error_policy;
 pub mod filter;
+pub(crate) mod plan;
 mod span;
 pub(crate) mod spawn;
 
