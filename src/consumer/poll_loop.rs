@@ -178,7 +178,7 @@ impl<P: KafkaPort> Poller<P> {
         if self.last_activity.elapsed() < SETTLE {
             POLL_TIMEOUT
         } else {
-            QUIET_POLL.mul_f64(0.8 + 0.4 * rand::random::<f64>())
+            QUIET_POLL.mul_f64(0.8 + 0.4 * crate::clock::draw())
         }
     }
 

@@ -80,18 +80,23 @@ retry = {{ initial_backoff_ms = 10, max_backoff_ms = 100 }}
     c.connections.remove("sim").expect("its connection")
 }
 
-/// Runs the schedule of `seed` (over a broken consumer when `broken`); Err names the
-/// invariant that broke.
-fn run_schedule(seed: u64, broken: bool) -> Result<(), String> {
+/// Runs the schedule of `seed` (over a broken consumer when `broken`): what happened, a
+/// line per consumer call and run, in order; Err names the invariant that broke.
+fn run_schedule(seed: u64, broken: bool) -> Result<Vec<String>, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
         .expect("a runtime");
-    rt.block_on(schedule(seed, broken))
+    // Every task of the schedule runs on this thread: its jitter replays from the seed.
+    crate::clock::seed_draws(Some(seed ^ 0x5EED_D8A4));
+    let result = rt.block_on(schedule(seed, broken));
+    crate::clock::seed_draws(None);
+    result
 }
 
-async fn schedule(seed: u64, broken: bool) -> Result<(), String> {
+async fn schedule(seed: u64, broken: bool) -> Result<Vec<String>, String> {
+    let started = tokio::time::Instant::now();
     let mut rng = Rng(seed);
     let shape = Schedule::from_seed(&mut rng);
     let mut cluster = Cluster {
@@ -209,7 +214,15 @@ async fn schedule(seed: u64, broken: bool) -> Result<(), String> {
             "commits {committed:?} short of the logs' ends ({shape:?})"
         ));
     }
-    Ok(())
+    let mut trace = port.trace();
+    trace.extend(
+        dispatcher
+            .runs()
+            .iter()
+            .map(|r| format!("ran {}", r.idempotency_key)),
+    );
+    trace.push(format!("ended after {:?}", started.elapsed()));
+    Ok(trace)
 }
 
 /// Each accepted record's (partition, offset), once each.
@@ -302,6 +315,26 @@ mod tests {
             "{n} schedules of the real shell in {:.1} s",
             started.elapsed().as_secs_f64()
         );
+    }
+
+    /// A seed replays exactly: the same consumer calls and runs, in the same order, at the
+    /// same simulated times.
+    #[test]
+    fn a_seed_replays_exactly() {
+        for seed in 1..=20 {
+            let first = run_schedule(seed, false).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            let again = run_schedule(seed, false).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            if let Some(i) =
+                (0..first.len().max(again.len())).find(|&i| first.get(i) != again.get(i))
+            {
+                panic!(
+                    "seed {seed} differs at line {i} of {}: {:?} then {:?}",
+                    first.len(),
+                    first.get(i),
+                    again.get(i)
+                );
+            }
+        }
     }
 
     /// The checks are not vacuous: over a consumer that delivers records queued before a

@@ -455,6 +455,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
         let deadline = crate::clock::now() + Duration::from_millis(self.config.drain_timeout_ms);
         while self.core.partitions().in_flight() > 0 {
             tokio::select! {
+                biased;
                 Some(e) = self.completions.recv() => self.on_worker_event(e),
                 _ = threads::sleep_until_opt(Some(deadline)) => {
                     let in_flight = self.core.partitions().in_flight();

@@ -408,7 +408,7 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
 
     fn delay(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
         self.backoff
-            .delay(attempt, retry_after, rand::random::<f64>())
+            .delay(attempt, retry_after, crate::clock::draw())
     }
 
     /// A record of a trigger without batches: one request under its own key, retried per
@@ -519,7 +519,7 @@ impl<E: FnMut(&Replayed)> Replayer<'_, E> {
             let request = Request::of(true, conflict_nonce);
             let failed = match plan::read(request, &outcome, &answer, &members, &self.policy) {
                 Verdict::Rekey => {
-                    conflict_nonce = Some(rand::random());
+                    conflict_nonce = Some(crate::clock::draw_u64());
                     continue;
                 }
                 Verdict::Split { first, second } => {

@@ -342,7 +342,7 @@ impl<Y: Fn()> Run<'_, Y> {
         }
         let failed = match verdict {
             Verdict::Rekey => {
-                self.conflict_nonce = Some(rand::random());
+                self.conflict_nonce = Some(crate::clock::draw_u64());
                 tracing::info!(
                     connection = %trigger.connection, trigger = %trigger.name,
                     records = group.len(),
@@ -550,6 +550,7 @@ impl<Y: Fn()> Run<'_, Y> {
                 (self.yielded)();
             }
             tokio::select! {
+                biased;
                 _ = self.drain.cancelled() => return Err(Abandon),
                 _ = tokio::time::sleep_until(until) => {}
             }
@@ -579,7 +580,7 @@ impl<Y: Fn()> Run<'_, Y> {
         let delay = self
             .trigger
             .backoff
-            .delay(attempt, retry_after, rand::random::<f64>());
+            .delay(attempt, retry_after, crate::clock::draw());
         let until = Instant::now() + delay;
         self.park(records, stack, delay);
         loop {
@@ -587,6 +588,7 @@ impl<Y: Fn()> Run<'_, Y> {
                 return Ok(());
             };
             let directive = tokio::select! {
+                biased;
                 _ = self.drain.cancelled() => return Err(Abandon),
                 _ = tokio::time::sleep_until(until) => return Ok(()),
                 d = parked.directive() => d,
@@ -837,8 +839,9 @@ async fn acquire_permit(
             Ok(p) => return Some(p),
             Err(tokio::sync::TryAcquireError::Closed) => return None,
             Err(tokio::sync::TryAcquireError::NoPermits) => {
-                let pause = Duration::from_millis(10 + rand::random::<u64>() % 20);
+                let pause = Duration::from_millis(10 + crate::clock::draw_below(20));
                 tokio::select! {
+                    biased;
                     _ = drain.cancelled() => return None,
                     _ = tokio::time::sleep(pause) => {}
                 }

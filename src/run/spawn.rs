@@ -268,6 +268,7 @@ impl Runs {
             }
             if give_back {
                 tokio::select! {
+                    biased;
                     _ = draining.cancelled() => {}
                     _ = tokio::time::sleep(RETURN_PAUSE) => {}
                 }

@@ -119,6 +119,8 @@ pub(crate) struct SimPort {
     cluster: Arc<Mutex<Cluster>>,
     state: Arc<Mutex<State>>,
     events: mpsc::Sender<ConsumerEvent>,
+    /// What the consumer did, in order: polls, pauses, resumes, seeks, commits, rebalances.
+    trace: Arc<Mutex<Vec<String>>>,
 }
 
 impl SimPort {
@@ -148,7 +150,29 @@ impl SimPort {
                 stale_after_revoke: false,
             })),
             events,
+            trace: Arc::default(),
         }
+    }
+
+    /// What the consumer did so far, a line per call that changed something.
+    pub(crate) fn trace(&self) -> Vec<String> {
+        self.trace
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Notes `line` in the trace; printed too when `TESSEL_SHELL_SIM_TRACE` is set (to follow
+    /// one seed).
+    fn note(&self, line: std::fmt::Arguments<'_>) {
+        static PRINT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *PRINT.get_or_init(|| std::env::var_os("TESSEL_SHELL_SIM_TRACE").is_some()) {
+            eprintln!("{line}");
+        }
+        self.trace
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(line.to_string());
     }
 
     /// This consumer, broken: it delivers records queued before a revoke after the next
@@ -298,7 +322,7 @@ impl SimPort {
                 }
             }
         }
-        trace(format_args!("rebalance served: {rebalance:?}"));
+        self.note(format_args!("rebalance served: {rebalance:?}"));
         s.rebalances_due.pop_front();
         s.rebalances += 1;
         true
@@ -333,15 +357,6 @@ impl SimPort {
             }
         }
         true
-    }
-}
-
-/// Prints a line of what the consumer did when `TESSEL_SHELL_SIM_TRACE` is set (to follow
-/// one seed).
-fn trace(line: std::fmt::Arguments<'_>) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("TESSEL_SHELL_SIM_TRACE").is_some()) {
-        eprintln!("{line}");
     }
 }
 
@@ -423,7 +438,7 @@ impl KafkaPort for SimPort {
                 continue;
             }
             part.position = Some(e.offset + 1);
-            trace(format_args!("poll {} {}", e.partition, e.offset));
+            self.note(format_args!("poll {} {}", e.partition, e.offset));
             match &cluster.logs[e.partition as usize][e.offset as usize] {
                 Entry::Marker => continue,
                 Entry::Record(key) => {
@@ -484,7 +499,7 @@ impl KafkaPort for SimPort {
 
     fn flow(&self, pause: bool, partitions: &[TopicPartition]) -> Result<(), KafkaError> {
         let mut s = self.state();
-        trace(format_args!(
+        self.note(format_args!(
             "{} {partitions:?}{}",
             if pause { "pause" } else { "resume" },
             if s.awaiting_ack.is_some() {
@@ -503,6 +518,7 @@ impl KafkaPort for SimPort {
 
     fn seek(&self, tp: &TopicPartition, to: Offset, _timeout: Duration) -> Result<(), KafkaError> {
         let mut s = self.state();
+        self.note(format_args!("seek {} {to:?}", tp.partition));
         if s.awaiting_ack.is_some() {
             s.deferred.push(Deferred::Seek(tp.clone(), to));
         } else {
@@ -518,7 +534,7 @@ impl KafkaPort for SimPort {
         let partitions = batch
             .iter()
             .map(|(tp, offset, metadata)| {
-                trace(format_args!(
+                self.note(format_args!(
                     "commit {} {offset} {metadata:?}",
                     tp.partition
                 ));
