@@ -94,11 +94,9 @@ impl IdentityWatch {
     pub(super) fn tick<P: KafkaPort>(
         &mut self,
         now: Instant,
-        hint: bool,
         consumer: &Arc<P>,
         core: &Core<KafkaShell>,
     ) {
-        self.soon |= hint;
         let partitions = core.partitions();
         if self.running || partitions.is_empty() {
             return;

@@ -63,6 +63,10 @@ pub enum ConsumerEvent {
     },
     /// An error returned by poll.
     Error(KafkaError),
+    /// The poll task moved these partitions' positions as the supervisor asked (their topic
+    /// was created again), after the messages read before the move and before any read
+    /// after it.
+    Sought(Vec<TopicPartition>),
     /// librdkafka said something that may mean a topic was deleted or created again, before
     /// the messages after this event: the partitions run and commit nothing until their
     /// topics' ids are read again.

@@ -566,6 +566,11 @@ fn log_arrival(
             }
         }
         Arrival::MovedBack { .. } => {}
+        Arrival::BeforeSeek(id) => {
+            if let Some(p) = partitions.get(*id) {
+                tracing::debug!(connection, topic = %p.tp.topic, partition = p.tp.partition, offset, "read before the move to the new log's start; read again from there");
+            }
+        }
         Arrival::NotAssigned(msg) => {
             tracing::warn!(
                 connection,

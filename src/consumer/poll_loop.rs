@@ -212,7 +212,8 @@ impl<P: KafkaPort> Poller<P> {
         // does (librdkafka #3567): like a rebalance, it ends the batch, and the positions
         // are read before a later poll can move them past a transaction marker of the log
         // sought (the core trusts a position only after such a none).
-        let mut seeked = self.flow.apply_pending(&self.name, consumer);
+        let mut sought = self.flow.apply_pending(&self.name, consumer);
+        let mut seeked = !sought.is_empty();
         let active = self.last_activity.elapsed() < SETTLE;
         // What is ready, up to BATCH messages: one hand-over (and one wake-up of the
         // supervisor) per batch, not per message. A poll that served an event (a log,
@@ -231,7 +232,9 @@ impl<P: KafkaPort> Poller<P> {
         while !seeked && batch.len() < BATCH {
             // A pause decided meanwhile takes effect before the next poll: librdkafka drops
             // what it fetched for the partition beyond the messages polled so far.
-            if self.flow.apply_pending(&self.name, consumer) {
+            let moved = self.flow.apply_pending(&self.name, consumer);
+            if !moved.is_empty() {
+                sought.extend(moved);
                 seeked = true;
                 break;
             }
@@ -284,6 +287,10 @@ impl<P: KafkaPort> Poller<P> {
             if self.send(ConsumerEvent::Error(e)).is_err() {
                 return false;
             }
+        }
+        // After the messages read before the moves, before any read after them.
+        if !sought.is_empty() && self.send(ConsumerEvent::Sought(sought)).is_err() {
+            return false;
         }
         // While active as before; once quiet, every QUIET_POLL, and sent only when they moved.
         let due = if reset {
@@ -371,11 +378,15 @@ impl FlowQueue {
         self.inner.pending.store(true, Ordering::Release);
     }
 
-    /// Carries out what was queued, in order, on this thread. Returns whether it moved a
-    /// partition's position (a seek).
-    pub(crate) fn apply_pending<P: KafkaPort>(&self, connection: &str, consumer: &P) -> bool {
+    /// Carries out what was queued, in order, on this thread. Returns the partitions whose
+    /// position it moved (seeks).
+    pub(crate) fn apply_pending<P: KafkaPort>(
+        &self,
+        connection: &str,
+        consumer: &P,
+    ) -> Vec<TopicPartition> {
         if !self.inner.pending.load(Ordering::Acquire) {
-            return false;
+            return Vec::new();
         }
         let cmds = {
             let mut cmds = self
@@ -386,19 +397,19 @@ impl FlowQueue {
             self.inner.pending.store(false, Ordering::Release);
             std::mem::take(&mut *cmds)
         };
-        let mut seeked = false;
+        let mut sought = Vec::new();
         for cmd in cmds {
             match cmd {
                 FlowCmd::Flow(op) => apply_flow(connection, consumer, op),
                 FlowCmd::Seek(tp, offset) => {
-                    seeked = true;
                     if let Err(e) = consumer.seek(&tp, offset, SEEK_TIMEOUT) {
                         tracing::warn!(connection, topic = %tp.topic, partition = tp.partition, error = %e, "cannot move the partition's position");
                     }
+                    sought.push(tp);
                 }
             }
         }
-        seeked
+        sought
     }
 }
 

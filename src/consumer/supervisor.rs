@@ -253,11 +253,17 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                 metrics::rebalance(&self.name, if lost { "lost" } else { "revoke" });
                 tracing::info!(connection = %self.name, partitions = partitions.len(), lost, "partitions revoked");
                 self.revoke_ack = Some(ack);
+                // A revoke's final commit must not land on a topic created again.
+                self.take_identity_hint();
                 self.core.on_revoked(crate::clock::now(), partitions, lost);
             }
+            ConsumerEvent::Sought(tps) => {
+                for tp in &tps {
+                    self.core.on_sought(tp);
+                }
+            }
             ConsumerEvent::IdentityHint => {
-                self.core.suspect_topics();
-                self.identity.want_now();
+                self.suspect_topics();
                 self.check_identity();
             }
             ConsumerEvent::Error(e) => {
@@ -280,9 +286,26 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
 
     /// Reads the assigned topics' ids when due (see [`IdentityWatch`]).
     fn check_identity(&mut self) {
-        let hint = self.consumer.take_identity_check();
+        self.take_identity_hint();
         self.identity
-            .tick(crate::clock::now(), hint, &self.consumer, &self.core);
+            .tick(crate::clock::now(), &self.consumer, &self.core);
+    }
+
+    /// librdkafka said something that may mean a topic was deleted and created again: every
+    /// partition runs and commits nothing until its topic's id is read again, at once.
+    fn suspect_topics(&mut self) {
+        self.core.suspect_topics();
+        self.identity.want_now();
+    }
+
+    /// Takes librdkafka's hint, if it gave one since the poll task last looked, before the
+    /// core decides a commit: a commit decided for a topic's old log and sent after it was
+    /// created again would land on the new one (Kafka keeps offsets by topic name), and the
+    /// next owner would start the new log there.
+    fn take_identity_hint(&mut self) {
+        if self.consumer.take_identity_check() {
+            self.suspect_topics();
+        }
     }
 
     fn on_assigned(&mut self, assigned: Vec<AssignedPartition>) {
@@ -343,6 +366,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                 f.seek(seek.tp, seek.to);
             }
         }
+        self.take_identity_hint();
         let mut commands = std::mem::take(&mut self.commands);
         self.core.poll(crate::clock::now(), &mut commands);
         let mut paused_or_resumed = false;
@@ -465,6 +489,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
             }
         }
         self.runs.abandon_all();
+        self.take_identity_hint();
         // The consumer is still a member (librdkafka's threads run the group protocol): a
         // commit refused while the group rebalances is tried again once the rebalance ends.
         let commits = self.core.stop_commit();

@@ -290,6 +290,12 @@ impl<S: Shell> Core<S> {
         replaced
     }
 
+    /// The consumer moved `tp` as [`Core::on_topic_id`] asked (it returned true): what
+    /// arrives before this was read before the move, and is dropped.
+    pub fn on_sought(&mut self, tp: &TopicPartition) {
+        self.partitions.on_sought(tp);
+    }
+
     /// The consumer's next-read position of `tp`, after the messages handed over before it.
     pub fn on_position(&mut self, tp: &TopicPartition, position: Option<i64>) {
         self.partitions.on_position(tp, position);

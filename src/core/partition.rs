@@ -82,6 +82,12 @@ pub struct Partition<S: Shell> {
     pub(super) received_any: bool,
     /// librdkafka reported no position, or one at or before `start`, in this assignment.
     pub(super) position_reset: bool,
+    /// Its topic was created again and the consumer is to move to where
+    /// `auto.offset.reset` says: what arrives before the shell says it moved
+    /// ([`PartitionSet::on_sought`](crate::core::partitions::PartitionSet::on_sought)) was
+    /// read before the move (the new log from the old position, or the old log) and is
+    /// dropped; it is read again from there.
+    pub(super) awaiting_seek: bool,
     /// The group's committed offset when the partition was assigned.
     pub(super) start: Option<i64>,
     /// Paused in the consumer by this set, and why (None: flowing).
@@ -182,6 +188,9 @@ pub enum Arrival<R> {
     },
     /// Its partition is not owned: the message, given back (for the log).
     NotAssigned(R),
+    /// Read before the consumer moved to a new log's start (its topic was created again):
+    /// dropped, and read again from there.
+    BeforeSeek(PartitionId),
 }
 
 /// A run to start: the message, the permit it holds, and what its worker needs. What the

@@ -183,6 +183,7 @@ impl<S: Shell> PartitionSet<S> {
             ),
             received_any: false,
             position_reset: false,
+            awaiting_seek: false,
             start: a.committed,
             paused: None,
             buffered_bytes: 0,
@@ -263,7 +264,11 @@ impl<S: Shell> PartitionSet<S> {
             // was assigned): what it holds, even from a position that moved back since, may
             // be an older log's. It starts again, read from where auto.offset.reset says.
             (Some(old), Some(new)) if old != new => {
-                let _ = self.restart_log(id, topic_id);
+                if let Some(id) = self.restart_log(id, topic_id) {
+                    if let Some(p) = self.slots[id.0 as usize].as_mut() {
+                        p.awaiting_seek = true;
+                    }
+                }
                 true
             }
             // The same log: its position moved back within it, or the hint was for another
@@ -303,6 +308,9 @@ impl<S: Shell> PartitionSet<S> {
         let Some(p) = self.slots[id.0 as usize].as_mut() else {
             return Arrival::NotAssigned(msg);
         };
+        if p.awaiting_seek {
+            return Arrival::BeforeSeek(id);
+        }
         p.received_any = true;
         match p.tracker.received(msg.offset()) {
             Received::Dispatch => {}
@@ -349,6 +357,17 @@ impl<S: Shell> PartitionSet<S> {
         }
     }
 
+    /// The consumer moved `tp` to where `auto.offset.reset` says, as
+    /// [`Self::verify_topic_id`] asked: what arrives from now on is read from there.
+    pub fn on_sought(&mut self, tp: &TopicPartition) {
+        let Some(id) = self.id_of(&tp.topic, tp.partition) else {
+            return;
+        };
+        if let Some(p) = self.slots[id.0 as usize].as_mut() {
+            p.awaiting_seek = false;
+        }
+    }
+
     /// librdkafka reported the next offset it will return for `tp` (None: no position yet).
     pub fn on_position(&mut self, tp: &TopicPartition, position: Option<i64>) {
         let Some(id) = self.id_of(&tp.topic, tp.partition) else {
@@ -357,6 +376,10 @@ impl<S: Shell> PartitionSet<S> {
         let Some(p) = self.slots[id.0 as usize].as_mut() else {
             return;
         };
+        // Read before the consumer moved to the new log's start.
+        if p.awaiting_seek {
+            return;
+        }
         // A position is trusted once librdkafka has started this assignment from the group's
         // commit: it reported no position yet, or one at or before the committed offset, or
         // returned a message. Until then it may be left over from an earlier assignment and

@@ -433,6 +433,25 @@ fn an_already_accepted_message_is_not_queued_and_a_move_back_starts_the_partitio
     assert!(s.verify_topic_id(&tp(0), Some("id-2".into())));
     let p = s.by_tp(&tp(0)).unwrap();
     assert_eq!((p.topic_id.as_deref(), p.backlog()), (Some("id-2"), 0));
+    // What arrives before the consumer moved to the new log's start was read before the
+    // move: dropped (read again from there), and its positions are not trusted.
+    assert!(matches!(
+        s.on_message(msg(0, 12, "c")),
+        Arrival::BeforeSeek(_)
+    ));
+    s.on_position(&tp(0), Some(13));
+    assert!(process(&mut s).starts.is_empty());
+    assert!(commits(&mut s).is_empty());
+    // Moved: the new log's records run from its start.
+    s.on_sought(&tp(0));
+    s.on_position(&tp(0), None);
+    assert!(matches!(s.on_message(msg(0, 0, "a")), Arrival::Queued(_)));
+    let st = process(&mut s).starts;
+    assert_eq!(st.len(), 1);
+    for x in st {
+        finish(&mut s, x, true);
+    }
+    assert_eq!(commits(&mut s), vec![(0, 1, String::new())]);
 }
 
 #[test]

@@ -48,7 +48,7 @@ pub(crate) enum Entry {
 
 /// The cluster's side, shared by the members of a group: the logs and the group's
 /// committed offsets.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Cluster {
     /// The topic's name and id.
     pub(crate) topic: String,
@@ -57,6 +57,29 @@ pub(crate) struct Cluster {
     pub(crate) logs: Vec<Vec<Entry>>,
     /// The group's committed offset and metadata, per partition.
     pub(crate) committed: BTreeMap<i32, (i64, String)>,
+    /// Percent of a commit request's partitions the broker refuses on their own
+    /// (`UNKNOWN_TOPIC_OR_PARTITION`, as for a topic being deleted), the others stored.
+    pub(crate) refusals: u64,
+    /// Draws the refusals.
+    pub(crate) rng: Option<Rng>,
+    /// Partitions whose topic was created again and whose consumer has not both moved to
+    /// the new log's start and committed since: a commit the shell decided for the old log
+    /// may land on the new one (Kafka stores offsets by topic name) until then.
+    pub(crate) unsettled: std::collections::BTreeSet<i32>,
+    /// Of those, the partitions the consumer moved.
+    pub(crate) sought: std::collections::BTreeSet<i32>,
+}
+
+impl Cluster {
+    /// The topic is deleted and created again under its name with `logs`: a new id, and
+    /// the group's committed offsets of it deleted with it.
+    pub(crate) fn recreate(&mut self, id: String, logs: Vec<Vec<Entry>>) {
+        self.topic_id = id;
+        self.unsettled = (0..logs.len() as i32).collect();
+        self.sought.clear();
+        self.logs = logs;
+        self.committed.clear();
+    }
 }
 
 /// A partition assigned to the member.
@@ -72,12 +95,14 @@ struct Part {
     version: u64,
 }
 
-/// An element of the consumer queue.
+/// An element of the consumer queue: what was fetched, as it was then (a topic deleted
+/// since still delivers what was queued of it).
 #[derive(Debug)]
 struct Elem {
     partition: i32,
     offset: i64,
     version: u64,
+    entry: Entry,
 }
 
 /// A pause, resume or seek decided while a revoke waits for its acknowledgement.
@@ -108,6 +133,9 @@ struct State {
     prefetch: usize,
     /// The last version given out (versions are never reused).
     versions: u64,
+    /// librdkafka said something that may mean a topic changed identity (its
+    /// `take_identity_check`).
+    identity_hint: bool,
     /// A broken librdkafka, for the checks' non-vacuity test: a revoke leaves what was
     /// queued for its partitions, and an assignment reuses their versions.
     stale_after_revoke: bool,
@@ -147,6 +175,7 @@ impl SimPort {
                 closing: false,
                 prefetch,
                 versions: 0,
+                identity_hint: false,
                 stale_after_revoke: false,
             })),
             events,
@@ -201,6 +230,24 @@ impl SimPort {
         wake_if_empty(&s, true);
     }
 
+    /// The cluster deleted the topic and created it again: a fetch position past the new
+    /// log's end is out of range and goes back to its beginning (`auto.offset.reset` is
+    /// `earliest`), one within it reads on in the new log; what was queued before is still
+    /// delivered. librdkafka hints at it before it returns any record of the new log: it
+    /// fetches by topic id (Kafka 3.1 on), so its next fetch is refused and its metadata
+    /// refresh reads the new id.
+    pub(crate) fn topic_recreated(&self) {
+        let ends: Vec<i64> = self.cluster().logs.iter().map(|l| l.len() as i64).collect();
+        let mut s = self.state();
+        s.identity_hint = true;
+        for (p, part) in &mut s.parts {
+            if part.fetch_next > ends[*p as usize] {
+                part.fetch_next = 0;
+            }
+        }
+        self.note(format_args!("topic recreated"));
+    }
+
     /// The partitions assigned now.
     pub(crate) fn assigned(&self) -> Vec<i32> {
         self.state().parts.keys().copied().collect()
@@ -244,6 +291,7 @@ impl SimPort {
                 partition: p,
                 offset,
                 version,
+                entry: cluster.logs[p as usize][offset as usize].clone(),
             });
         }
         wake_if_empty(&s, was_empty);
@@ -439,7 +487,7 @@ impl KafkaPort for SimPort {
             }
             part.position = Some(e.offset + 1);
             self.note(format_args!("poll {} {}", e.partition, e.offset));
-            match &cluster.logs[e.partition as usize][e.offset as usize] {
+            match &e.entry {
                 Entry::Marker => continue,
                 Entry::Record(key) => {
                     return Some(Ok(OwnedMessage::new(
@@ -519,6 +567,12 @@ impl KafkaPort for SimPort {
     fn seek(&self, tp: &TopicPartition, to: Offset, _timeout: Duration) -> Result<(), KafkaError> {
         let mut s = self.state();
         self.note(format_args!("seek {} {to:?}", tp.partition));
+        {
+            let mut cluster = self.cluster();
+            if cluster.unsettled.contains(&tp.partition) {
+                cluster.sought.insert(tp.partition);
+            }
+        }
         if s.awaiting_ack.is_some() {
             s.deferred.push(Deferred::Seek(tp.clone(), to));
         } else {
@@ -538,12 +592,21 @@ impl KafkaPort for SimPort {
                     "commit {} {offset} {metadata:?}",
                     tp.partition
                 ));
+                let refused = match (cluster.refusals, cluster.rng.as_mut()) {
+                    (percent @ 1.., Some(rng)) => rng.chance(percent),
+                    _ => false,
+                };
                 let code = if metadata.chars().count() > METADATA_MAX {
                     Some(RDKafkaErrorCode::OffsetMetadataTooLarge)
+                } else if refused || tp.partition as usize >= cluster.logs.len() {
+                    Some(RDKafkaErrorCode::UnknownTopicOrPartition)
                 } else {
                     cluster
                         .committed
                         .insert(tp.partition, (*offset, metadata.clone()));
+                    if cluster.sought.contains(&tp.partition) {
+                        cluster.unsettled.remove(&tp.partition);
+                    }
                     None
                 };
                 request = code.or(request);
@@ -578,7 +641,7 @@ impl KafkaPort for SimPort {
     }
 
     fn take_identity_check(&self) -> bool {
-        false
+        std::mem::take(&mut self.state().identity_hint)
     }
 
     fn note_error(&self, _error: &KafkaError) {}

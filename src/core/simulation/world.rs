@@ -241,8 +241,11 @@ impl Sim {
                 if let Some(f) = self.members[m].fetch.get_mut(&part) {
                     f.0 = 0;
                 }
-                // The shell's seek resets librdkafka's position to none (a seek is like an
-                // assignment), and the poll task reads it before its next poll.
+                // The poll task says it moved the partition, then reads the none librdkafka's
+                // seek leaves (a seek is like an assignment), before its next poll. (What it
+                // read before the move and still hands over is the shell's simulation's:
+                // src/consumer/simulation.rs.)
+                self.members[m].core.on_sought(&Self::tp(part));
                 self.members[m].core.on_position(&Self::tp(part), None);
             }
         }
