@@ -31,6 +31,23 @@ use crate::produce::producer::{
 /// How long a topic's partition count is trusted.
 const TOPIC_TTL: Duration = Duration::from_secs(60);
 
+/// How long a topic the cluster says does not exist is asked about again before the request
+/// is answered 404: a topic just created reaches every broker's metadata a moment after its
+/// creation is acknowledged (librdkafka's producer allows `topic.metadata.propagation.max.ms`
+/// for it). Seen on Kafka 3.9: a topic created and at once produced to was answered 404.
+const TOPIC_PROPAGATION: Duration = Duration::from_secs(3);
+
+/// The pause between two of those questions.
+const TOPIC_PROPAGATION_STEP: Duration = Duration::from_millis(200);
+
+/// Whether `e` says that the cluster does not know the topic.
+fn unknown_topic(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic)
+    )
+}
+
 /// Where one record was written.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Written {
@@ -407,26 +424,25 @@ impl Publisher {
                 }
             }
         }
-        match self.producer.partition_count(topic).await {
+        let deadline = tokio::time::Instant::now() + TOPIC_PROPAGATION;
+        let mut answer = self.producer.partition_count(topic).await;
+        while answer.as_ref().is_err_and(unknown_topic)
+            && tokio::time::Instant::now() + TOPIC_PROPAGATION_STEP < deadline
+        {
+            tokio::time::sleep(TOPIC_PROPAGATION_STEP).await;
+            answer = self.producer.partition_count(topic).await;
+        }
+        match answer {
             Ok(n) => {
                 let mut cache = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
                 let _ = cache.insert(topic.to_owned(), (n, Instant::now()));
                 Ok(n)
             }
-            Err(e)
-                if matches!(
-                    e.rdkafka_error_code(),
-                    Some(
-                        RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic
-                    )
-                ) =>
-            {
-                Err(ProduceError::UnknownTopic {
-                    index,
-                    topic: topic.to_owned(),
-                    connection: self.connection.clone(),
-                })
-            }
+            Err(e) if unknown_topic(&e) => Err(ProduceError::UnknownTopic {
+                index,
+                topic: topic.to_owned(),
+                connection: self.connection.clone(),
+            }),
             Err(e) => {
                 let (status, reason) = match e.rdkafka_error_code() {
                     Some(RDKafkaErrorCode::TopicAuthorizationFailed) => (
