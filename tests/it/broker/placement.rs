@@ -522,15 +522,30 @@ async fn every_replica_serves_the_produce_api_of_every_connection() {
     for r in &replicas {
         for (c, (topic, _)) in &setup.connections {
             let body = serde_json::json!({"topic": topic, "key": "k0", "value": {"c": c, "i": i}});
-            let resp = reqwest::Client::new()
-                .post(format!("{}/v1/connections/{c}/messages", r.base))
-                .bearer_auth("0123456789abcdef-region")
-                .json(&body)
-                .send()
-                .await
-                .expect("produce API");
-            let status = resp.status().as_u16();
-            let text = resp.text().await.unwrap_or_default();
+            // A connection placed here that is still starting is answered 503 with
+            // Retry-After: sent again then, as a client does (within a deadline).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            let (status, text) = loop {
+                let resp = reqwest::Client::new()
+                    .post(format!("{}/v1/connections/{c}/messages", r.base))
+                    .bearer_auth("0123456789abcdef-region")
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("produce API");
+                let status = resp.status().as_u16();
+                let retry_after = resp
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+                let text = resp.text().await.unwrap_or_default();
+                match retry_after {
+                    Some(secs) if status == 503 && tokio::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_secs(secs)).await;
+                    }
+                    _ => break (status, text),
+                }
+            };
             assert_eq!(
                 status,
                 200,
