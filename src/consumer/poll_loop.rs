@@ -63,12 +63,14 @@ pub(crate) fn spawn_poll_loop<P: KafkaPort>(
         consumer,
         name: Arc::from(name),
         flow,
-        events,
+        events: Handoff {
+            events,
+            outbox: Vec::new(),
+        },
         last_positions: Instant::now(),
         sent_positions: None,
         rebalances,
         last_activity: Instant::now(),
-        outbox: Vec::new(),
     };
     let handle = tokio::spawn(async move {
         while !stop.load(Ordering::SeqCst) {
@@ -92,7 +94,7 @@ pub(crate) fn spawn_poll_loop<P: KafkaPort>(
                 Err(reason) => return Some(reason),
             };
             poller = back;
-            if !go_on || !poller.flush().await {
+            if !go_on || !poller.events.flush().await {
                 break;
             }
         }
@@ -135,26 +137,26 @@ struct Poller<P: KafkaPort> {
     consumer: Arc<P>,
     name: Arc<str>,
     flow: FlowQueue,
-    events: mpsc::Sender<ConsumerEvent>,
+    events: Handoff,
     last_positions: Instant,
     sent_positions: Option<Positions>,
     rebalances: u64,
     last_activity: Instant,
+}
+
+/// Where a round's events go to the supervisor.
+struct Handoff {
+    events: mpsc::Sender<ConsumerEvent>,
     /// Events of a round on the runtime's own thread, sent once it is over (see
-    /// [`Poller::send`]).
+    /// [`Handoff::send`]).
     outbox: Vec<ConsumerEvent>,
 }
 
-impl<P: KafkaPort> Poller<P> {
-    /// How long to wait for librdkafka before the next round. A quiet connection's wait is
-    /// drawn between 80% and 120% of [`QUIET_POLL`]: connections started together would
-    /// otherwise all wake in the same millisecond, each round wanting a thread of the
-    /// blocking pool at once. (What kept 103 pool threads alive for 100 idle connections was
-    /// the pool's keep-alive, see `BLOCKING_KEEP_ALIVE` in main.rs.)
+impl Handoff {
     /// Hands `event` to the supervisor: waits for room in the channel on this thread of the
-    /// blocking pool, or, for a port called on the runtime's own thread, keeps it for the
-    /// task to send once the round is over ([`Poller::flush`]). Err: the supervisor is gone.
-    fn send(&mut self, event: ConsumerEvent) -> Result<(), ()> {
+    /// blocking pool, or, for a port `P` called on the runtime's own thread, keeps it for the
+    /// task to send once the round is over ([`Handoff::flush`]). Err: the supervisor is gone.
+    fn send<P: KafkaPort>(&mut self, event: ConsumerEvent) -> Result<(), ()> {
         if P::BLOCKS {
             self.events.blocking_send(event).map_err(drop)
         } else {
@@ -173,7 +175,14 @@ impl<P: KafkaPort> Poller<P> {
         }
         true
     }
+}
 
+impl<P: KafkaPort> Poller<P> {
+    /// How long to wait for librdkafka before the next round. A quiet connection's wait is
+    /// drawn between 80% and 120% of [`QUIET_POLL`]: connections started together would
+    /// otherwise all wake in the same millisecond, each round wanting a thread of the
+    /// blocking pool at once. (What kept 103 pool threads alive for 100 idle connections was
+    /// the pool's keep-alive, see `BLOCKING_KEEP_ALIVE` in main.rs.)
     fn timeout(&self) -> Duration {
         if self.last_activity.elapsed() < SETTLE {
             POLL_TIMEOUT
@@ -206,8 +215,7 @@ impl<P: KafkaPort> Poller<P> {
     /// Polls what is ready and hands it over, then the positions when due. False when the
     /// supervisor is gone.
     fn round(&mut self) -> bool {
-        let consumer = Arc::clone(&self.consumer);
-        let consumer = &*consumer;
+        let consumer = &*self.consumer;
         // A seek resets librdkafka's position of the partition to none, as an assignment
         // does (librdkafka #3567): like a rebalance, it ends the batch, and the positions
         // are read before a later poll can move them past a transaction marker of the log
@@ -246,12 +254,13 @@ impl<P: KafkaPort> Poller<P> {
                     if consumer.take_identity_check() {
                         if !batch.is_empty()
                             && self
-                                .send(ConsumerEvent::Messages(std::mem::take(&mut batch)))
+                                .events
+                                .send::<P>(ConsumerEvent::Messages(std::mem::take(&mut batch)))
                                 .is_err()
                         {
                             return false;
                         }
-                        if self.send(ConsumerEvent::IdentityHint).is_err() {
+                        if self.events.send::<P>(ConsumerEvent::IdentityHint).is_err() {
                             return false;
                         }
                     }
@@ -280,16 +289,26 @@ impl<P: KafkaPort> Poller<P> {
         if !idle || reset {
             self.last_activity = Instant::now();
         }
-        if !batch.is_empty() && self.send(ConsumerEvent::Messages(batch)).is_err() {
+        if !batch.is_empty()
+            && self
+                .events
+                .send::<P>(ConsumerEvent::Messages(batch))
+                .is_err()
+        {
             return false;
         }
         if let Some(e) = error {
-            if self.send(ConsumerEvent::Error(e)).is_err() {
+            if self.events.send::<P>(ConsumerEvent::Error(e)).is_err() {
                 return false;
             }
         }
         // After the messages read before the moves, before any read after them.
-        if !sought.is_empty() && self.send(ConsumerEvent::Sought(sought)).is_err() {
+        if !sought.is_empty()
+            && self
+                .events
+                .send::<P>(ConsumerEvent::Sought(sought))
+                .is_err()
+        {
             return false;
         }
         // While active as before; once quiet, every QUIET_POLL, and sent only when they moved.
@@ -316,7 +335,11 @@ impl<P: KafkaPort> Poller<P> {
             return true;
         }
         self.sent_positions = Some(positions.clone());
-        positions.is_empty() || self.send(ConsumerEvent::Positions(positions)).is_ok()
+        positions.is_empty()
+            || self
+                .events
+                .send::<P>(ConsumerEvent::Positions(positions))
+                .is_ok()
     }
 }
 
