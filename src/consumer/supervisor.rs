@@ -15,7 +15,7 @@ use crate::admin::health::{HealthRegistry, Heartbeat};
 use crate::config::ConnectionConfig;
 use crate::consumer::commit_thread;
 use crate::consumer::identity::IdentityWatch;
-use crate::consumer::monitor::{CheckClock, LagSeconds, Monitor};
+use crate::consumer::monitor::{CheckClock, LagSeconds, Monitor, MovedBack};
 use crate::consumer::port::{KafkaPort, RdKafkaPort};
 use crate::consumer::setup::{self, Triggers};
 use crate::consumer::threads::{self, FlowHandle, PollThread, Threads};
@@ -240,8 +240,19 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                 }
             }
             ConsumerEvent::Positions(positions) => {
+                let mut moved = false;
                 for (tp, position) in positions {
-                    self.core.on_position(&tp, position);
+                    if let Some(m) = self.core.on_position(&tp, position) {
+                        self.identity.on_moved_back(&MovedBack {
+                            tp,
+                            expected: m.expected,
+                            offset: m.offset,
+                        });
+                        moved = true;
+                    }
+                }
+                if moved {
+                    self.check_identity();
                 }
             }
             ConsumerEvent::Assigned(assigned) => self.on_assigned(assigned),

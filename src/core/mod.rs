@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use crate::core::committer::{CommitResult, Committer};
 use crate::core::partitions::{
-    Actions, Arrival, Limits, PartitionId, PartitionSet, Start, TriggerSlot,
+    Actions, Arrival, Limits, PartitionId, PartitionSet, PositionMovedBack, Start, TriggerSlot,
 };
 use crate::core::shell::{RunSignal, Shell};
 use crate::core::types::TopicPartition;
@@ -297,8 +297,17 @@ impl<S: Shell> Core<S> {
     }
 
     /// The consumer's next-read position of `tp`, after the messages handed over before it.
-    pub fn on_position(&mut self, tp: &TopicPartition, position: Option<i64>) {
-        self.partitions.on_position(tp, position);
+    /// One behind what the assignment already read (the consumer went back, and read only
+    /// markers or aborted records since, or nothing) starts the partition's bookkeeping again
+    /// from it, as [`Core::on_message`] does for a message, and is returned.
+    pub fn on_position(
+        &mut self,
+        tp: &TopicPartition,
+        position: Option<i64>,
+    ) -> Option<PositionMovedBack> {
+        let moved = self.partitions.on_position(tp, position)?;
+        self.committer.forget(tp);
+        Some(moved)
     }
 
     /// A run started by [`Command::Start`] ended: each record's offset and whether it is

@@ -195,6 +195,12 @@ impl OffsetTracker {
         self.refused.as_ref()
     }
 
+    /// The offset after the last one received (or passed by a position) in this
+    /// assignment: where the log goes on.
+    pub fn seen(&self) -> Option<i64> {
+        self.seen
+    }
+
     /// A message at `offset` was received.
     pub fn received(&mut self, offset: i64) -> Received {
         // Everything below `next` was received (or skipped by the consumer as a transaction

@@ -193,6 +193,19 @@ pub enum Arrival<R> {
     BeforeSeek(PartitionId),
 }
 
+/// A partition whose position moved back with no message behind it (see
+/// [`PartitionSet::on_position`](crate::core::partitions::PartitionSet::on_position)): its
+/// bookkeeping started again from the position, as for [`Arrival::MovedBack`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PositionMovedBack {
+    /// The partition (its new assignment).
+    pub id: PartitionId,
+    /// The offset the assignment expected next.
+    pub expected: i64,
+    /// The position.
+    pub offset: i64,
+}
+
 /// A run to start: the message, the permit it holds, and what its worker needs. What the
 /// run is to do when its partition is revoked or lost comes later, as a [`RunSignal`](crate::core::shell::RunSignal) for
 /// its assignment.

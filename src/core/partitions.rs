@@ -23,7 +23,8 @@ use crate::core::types::TopicPartition;
 use crate::core::AssignedPartition;
 
 pub use super::partition::{
-    Actions, Arrival, Limits, Partition, PartitionId, PauseReason, Start, TriggerSlot, Unverified,
+    Actions, Arrival, Limits, Partition, PartitionId, PauseReason, PositionMovedBack, Start,
+    TriggerSlot, Unverified,
 };
 pub use super::starts::{msg_bytes, raw_bytes};
 use super::starts::{start_batch, start_ready};
@@ -369,16 +370,16 @@ impl<S: Shell> PartitionSet<S> {
     }
 
     /// librdkafka reported the next offset it will return for `tp` (None: no position yet).
-    pub fn on_position(&mut self, tp: &TopicPartition, position: Option<i64>) {
-        let Some(id) = self.id_of(&tp.topic, tp.partition) else {
-            return;
-        };
-        let Some(p) = self.slots[id.0 as usize].as_mut() else {
-            return;
-        };
+    pub fn on_position(
+        &mut self,
+        tp: &TopicPartition,
+        position: Option<i64>,
+    ) -> Option<PositionMovedBack> {
+        let id = self.id_of(&tp.topic, tp.partition)?;
+        let p = self.slots[id.0 as usize].as_mut()?;
         // Read before the consumer moved to the new log's start.
         if p.awaiting_seek {
-            return;
+            return None;
         }
         // A position is trusted once librdkafka has started this assignment from the group's
         // commit: it reported no position yet, or one at or before the committed offset, or
@@ -390,10 +391,32 @@ impl<S: Shell> PartitionSet<S> {
             Some(o) if p.start.is_some_and(|s| o <= s) => p.position_reset = true,
             Some(_) => {}
         }
-        if let (Some(o), true) = (position, p.received_any || p.position_reset) {
+        let (Some(o), true) = (position, p.received_any || p.position_reset) else {
+            return None;
+        };
+        // Behind what this assignment already read, with no message: the consumer went back
+        // (an offset reset after an out-of-range fetch, a log cut by an unclean leader
+        // election) and what it read since were transaction markers or aborted records, or
+        // nothing yet. The bookkeeping starts again from the position, as for a message
+        // that arrives behind it (`Received::MovedBack`): the commit may go back to it, and
+        // the log is identified first.
+        if let Some(expected) = p.tracker.seen().filter(|s| o < *s) {
+            let topic_id = p.topic_id.clone();
+            let id = self.restart_log(id, topic_id)?;
+            let p = self.slots[id.0 as usize].as_mut()?;
+            p.unverified = Some(Unverified::MovedBack);
+            p.position_reset = true;
             p.tracker.position(o);
             Self::mark_commit_changed(&mut self.commit_pending, p, id);
+            return Some(PositionMovedBack {
+                id,
+                expected,
+                offset: o,
+            });
         }
+        p.tracker.position(o);
+        Self::mark_commit_changed(&mut self.commit_pending, p, id);
+        None
     }
 
     /// A run started by [`Start`] ended: each record's offset and whether it is handled

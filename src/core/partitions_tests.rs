@@ -472,6 +472,36 @@ fn a_position_left_from_an_earlier_assignment_is_not_trusted() {
 }
 
 #[test]
+fn a_position_behind_what_was_read_with_no_message_starts_the_partition_afresh() {
+    let mut s = set(100, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        trigger(4, Ordering::Key),
+        Instant::now(),
+    );
+    s.on_position(&tp(0), None);
+    assert!(matches!(s.on_message(msg(0, 2, "a")), Arrival::Queued(_)));
+    for x in process(&mut s).starts {
+        finish(&mut s, x, true);
+    }
+    s.on_position(&tp(0), Some(3));
+    assert_eq!(commits(&mut s), vec![(0, 3, String::new())]);
+    // The log was cut to one transaction marker; the consumer went back to its beginning
+    // and read the marker: the position is 1, no message came. The partition starts again
+    // from there and, once its log is identified, commits 1: a new owner starting at the
+    // old 3 would skip the records written at 1 and 2.
+    assert_eq!(s.on_position(&tp(0), Some(3)), None);
+    let moved = s.on_position(&tp(0), Some(1)).expect("moved back");
+    assert_eq!((moved.expected, moved.offset), (3, 1));
+    assert_eq!(s.unverified().collect::<Vec<_>>(), vec![&tp(0)]);
+    assert!(commits(&mut s).is_empty());
+    assert!(!s.verify_topic_id(&tp(0), Some("id-1".into())));
+    assert_eq!(commits(&mut s), vec![(0, 1, String::new())]);
+    // And the log goes on from there.
+    assert!(matches!(s.on_message(msg(0, 1, "b")), Arrival::Queued(_)));
+}
+
+#[test]
 fn only_the_commit_offset_moving_is_progress() {
     let mut s = set(100, 1 << 20);
     s.assign(
