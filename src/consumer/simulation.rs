@@ -3,16 +3,22 @@
 //! simulated librdkafka ([`port::SimPort`]) and the dev dispatcher, on one `current_thread`
 //! runtime with paused time. A schedule is drawn from a seed: the logs (records of a few
 //! keys, transaction markers), the fetcher's turns, the coordinator's rebalances, the
-//! dispatcher's refusals.
+//! dispatcher's refusals, partitions' commit refusals, a topic deleted and created again, a
+//! key parked behind the dispatcher's 500s, a small byte budget or partition buffer with
+//! that key's records large, panics in the consumer's poll (the connection starts again,
+//! as the daemon starts it: a new supervisor and consumer, a new member that reads the
+//! group's commits and their metadata), a log cut by an unclean leader election, and a
+//! first commit whose metadata is not ours.
 //!
 //! Checked at every step: no partition's committed offset passes a record the dispatcher
-//! has not accepted (the commit rule). At the end: every record ran, each key's records ran
-//! in offset order, nothing ran twice, and every partition's commit reached its log's end.
+//! has not accepted (the commit rule); while a key of partition 0 is parked, every other
+//! partition with records left runs one within [`LIVENESS`]. At the end: every record ran,
+//! each key's records ran in offset order, nothing ran twice unless a fault allows it, and
+//! every partition's commit reached its log's end.
 //!
-//! Limits, as of this first step: one member (its rebalances give its partitions back to
-//! itself); the runtime is one thread and time is simulated, but tokio's `select!` draws
-//! and the poll task's jitter are not seeded yet, so a seed's schedule is not replayed
-//! exactly (docs/architecture.md "Tests").
+//! Limits: one member at a time (a rebalance gives its partitions back to itself; a restart
+//! gives them to the new consumer); librdkafka's own threads are not run, only what it
+//! returns (docs/architecture.md "Tests").
 
 pub(crate) mod port;
 
@@ -31,8 +37,8 @@ use crate::core::simulation::schedule::Rng;
 use crate::dispatch::event::idempotency_key;
 
 /// Simulated steps of a schedule, one simulated millisecond each, before it must have
-/// drained.
-const STEPS: u64 = 20_000;
+/// drained (a key parked for 15 s behind restarts after panics takes most of it).
+const STEPS: u64 = 60_000;
 
 /// A schedule's shape, drawn from its seed.
 #[derive(Debug)]
@@ -51,10 +57,72 @@ struct Schedule {
     recreate: Option<(u64, usize)>,
     /// Percent of partitions whose commit the broker refuses in a request.
     commit_refusals: u64,
+    /// The later faults, drawn from a stream of their own so that adding them changed no
+    /// earlier draw.
+    more: MoreFaults,
+}
+
+/// Faults drawn from their own stream of the seed.
+#[derive(Debug, Default)]
+struct MoreFaults {
+    /// The first record of key `k0` in partition 0 is answered 500 this many times (retried
+    /// until accepted: its key is parked meanwhile).
+    parked: Option<usize>,
+    /// The connection's `max_buffered_bytes`, and the extra value bytes of key `k0`'s
+    /// records (a parked key's large records hold the budget).
+    budget: Option<(usize, usize)>,
+    /// The connection's `max_buffered_per_partition`.
+    per_partition: Option<usize>,
+    /// Per 10,000 steps, the chance that the consumer's next poll panics (the connection
+    /// starts again, as the daemon starts it: a new consumer, a new member).
+    panics: u64,
+    /// At this step a partition's log is cut (an unclean leader election: the records above
+    /// the cut are gone from Kafka): (step, which partition, where), the last two drawn as
+    /// numbers to take modulo what there is then. Records written after a cut would reuse
+    /// the old records' offsets and so their idempotency keys: not modelled
+    /// (docs/delivery.md).
+    truncate: Option<(u64, u64, u64)>,
+    /// Partition 0's group commit at the start: offset 0 with metadata that is not a map
+    /// of it (another tool's, a newer form, another offset's, malformed, too long): which
+    /// of [`FOREIGN_METADATA`].
+    foreign: Option<usize>,
+}
+
+/// Commit metadata no owner may read as handled offsets of a commit at 0.
+const FOREIGN_METADATA: &[&str] = &[
+    r#"{"owner":"another-tool","version":3}"#,
+    "tk9:0:rAQ",
+    "tk2:7:rAQ",
+    "tk2:0:r!!",
+    "tk1:0:x-",
+];
+
+impl MoreFaults {
+    fn from_seed(seed: u64) -> Self {
+        let mut rng = Rng(seed ^ 0x0DD5_FA17_2026_1207);
+        Self {
+            parked: rng.chance(30).then(|| 30 + rng.below(120) as usize),
+            budget: rng.chance(40).then(|| {
+                (
+                    200 + rng.below(2000) as usize,
+                    100 + rng.below(400) as usize,
+                )
+            }),
+            per_partition: rng.chance(25).then(|| 2 + rng.below(20) as usize),
+            panics: if rng.chance(20) { 1 + rng.below(20) } else { 0 },
+            truncate: rng.chance(15).then(|| {
+                let at = rng.below(400);
+                (at, rng.next(), rng.next())
+            }),
+            foreign: rng
+                .chance(15)
+                .then(|| rng.below(FOREIGN_METADATA.len() as u64 + 1) as usize),
+        }
+    }
 }
 
 impl Schedule {
-    fn from_seed(rng: &mut Rng) -> Self {
+    fn from_seed(seed: u64, rng: &mut Rng) -> Self {
         let records = 1 + rng.below(60) as usize;
         Self {
             partitions: 1 + rng.below(3) as usize,
@@ -67,20 +135,39 @@ impl Schedule {
                 .chance(25)
                 .then(|| (rng.below(300), rng.below(2 * records as u64) as usize)),
             commit_refusals: if rng.chance(25) { 1 + rng.below(30) } else { 0 },
+            more: MoreFaults::from_seed(seed),
         }
     }
 
     /// Whether records may run again by design: a refused commit leaves them to the next
     /// assignment, a topic created again under a name the consumer read on.
     fn repeats_allowed(&self) -> bool {
-        self.commit_refusals > 0 || self.recreate.is_some()
+        self.commit_refusals > 0
+            || self.recreate.is_some()
+            || self.more.panics > 0
+            || self.more.truncate.is_some()
+    }
+
+    /// Whether a partition without a parked key must keep making progress while the key
+    /// is parked: not while a refused commit or a recreated topic holds runs by design.
+    fn liveness_checked(&self) -> bool {
+        self.more.parked.is_some() && self.commit_refusals == 0 && self.recreate.is_none()
     }
 }
 
 /// The connection's configuration: one trigger on the simulated topic, posting to `url`.
-fn config(url: &str) -> crate::config::ConnectionConfig {
+fn config(url: &str, more: &MoreFaults) -> crate::config::ConnectionConfig {
+    let mut limits = String::new();
+    if let Some((bytes, _)) = more.budget {
+        limits.push_str(&format!("max_buffered_bytes = {bytes}\n"));
+    }
+    if let Some(n) = more.per_partition {
+        limits.push_str(&format!("max_buffered_per_partition = {n}\n"));
+    }
     let text = format!(
         r#"
+[connections.sim]
+{limits}
 [connections.sim.kafka]
 "bootstrap.servers" = "127.0.0.1:1"
 "group.id" = "sim"
@@ -96,9 +183,24 @@ retry = {{ initial_backoff_ms = 10, max_backoff_ms = 100 }}
     c.connections.remove("sim").expect("its connection")
 }
 
-/// Runs the schedule of `seed` (over a broken consumer when `broken`): what happened, a
-/// line per consumer call and run, in order; Err names the invariant that broke.
-fn run_schedule(seed: u64, broken: bool) -> Result<Vec<String>, String> {
+/// A broken simulated librdkafka, for the checks' non-vacuity tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Broken {
+    /// Records queued before a revoke are delivered after the next assignment.
+    StaleQueueAfterRevoke,
+    /// Resumes are ignored.
+    NeverResumes,
+}
+
+std::thread_local! {
+    /// What the schedules run on this thread exercised: connection restarts after a panic,
+    /// and steps at which a partition was held to the liveness bound while a key was parked.
+    static EXERCISED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Runs the schedule of `seed` (over a broken consumer if `broken` says so): what happened,
+/// a line per consumer call and run, in order; Err names the invariant that broke.
+fn run_schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -142,12 +244,22 @@ fn logs(
         .collect()
 }
 
-async fn schedule(seed: u64, broken: bool) -> Result<Vec<String>, String> {
+/// The key whose first record in partition 0 a schedule parks.
+const PARKED_KEY: &str = "k0";
+
+/// How long a partition with records to run and no parked key may go without a run while
+/// another partition's key is parked (simulated time).
+const LIVENESS: Duration = Duration::from_secs(3);
+
+/// The first restart's delay after a panic, as the daemon's (`app.rs`, 1 s doubling).
+const RESTART_DELAY: Duration = Duration::from_secs(1);
+
+async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, String> {
     let started = tokio::time::Instant::now();
     let mut rng = Rng(seed);
-    let shape = Schedule::from_seed(&mut rng);
+    let shape = Schedule::from_seed(seed, &mut rng);
     let mut scripted = HashMap::new();
-    let cluster = Cluster {
+    let mut cluster = Cluster {
         topic: "sim".to_owned(),
         topic_id: "sim-id-1".to_owned(),
         logs: logs(&mut rng, &shape, shape.records, "sim-id-1", &mut scripted),
@@ -159,6 +271,21 @@ async fn schedule(seed: u64, broken: bool) -> Result<Vec<String>, String> {
     let mut recreated = shape
         .recreate
         .map(|(_, records)| logs(&mut rng, &shape, records, "sim-id-2", &mut scripted));
+    let parked = parked_record(&cluster, &shape);
+    if let Some((offset, answers)) = parked {
+        let key = idempotency_key("sim", "sim", Some("sim-id-1"), 0, offset);
+        scripted.insert(key, vec![500; answers]);
+    }
+    if let Some((_, pad)) = shape.more.budget {
+        cluster.pads.insert(PARKED_KEY.to_owned(), pad);
+    }
+    if let Some(i) = shape.more.foreign {
+        let text = FOREIGN_METADATA
+            .get(i)
+            .map_or_else(|| "A".repeat(9000), |t| (*t).to_owned());
+        cluster.committed.insert(0, (0, text));
+    }
+    let mut cut_due = shape.more.truncate.is_some();
     let cluster = Arc::new(Mutex::new(cluster));
     let stop = CancellationToken::new();
     let faults = Faults {
@@ -169,37 +296,83 @@ async fn schedule(seed: u64, broken: bool) -> Result<Vec<String>, String> {
         DevDispatcher::start("127.0.0.1:0".parse().unwrap(), faults, false, stop.clone())
             .await
             .map_err(|e| format!("dev dispatcher: {e}"))?;
-    let config = config(&dispatcher.url());
-    let shared = SharedClients::default();
-    let port_seed = rng.next();
-    let port_cell: Arc<Mutex<Option<SimPort>>> = Arc::default();
-    let cell = Arc::clone(&port_cell);
-    let c = Arc::clone(&cluster);
-    let supervisor = ConnectionSupervisor::over(
-        "sim",
-        &config,
-        HealthRegistry::default(),
-        &shared,
-        move |events| {
-            let port = SimPort::new(c, port_seed, events);
-            let port = if broken {
-                port.with_stale_queue_after_revoke()
-            } else {
-                port
-            };
-            *cell.lock().unwrap() = Some(port.clone());
-            port
-        },
-    )
-    .map_err(|e| format!("supervisor: {e}"))?;
-    let port = port_cell.lock().unwrap().clone().expect("the port");
+    let config = config(&dispatcher.url(), &shape.more);
+    // Every consumer the connection made, in order: a panic starts the connection again
+    // with a new one, a new member of the group.
+    let ports: Arc<Mutex<Vec<SimPort>>> = Arc::default();
+    let supervisor = {
+        let (ports, cluster) = (Arc::clone(&ports), Arc::clone(&cluster));
+        move |port_seed: u64| {
+            let (ports, cluster) = (Arc::clone(&ports), Arc::clone(&cluster));
+            ConnectionSupervisor::over(
+                "sim",
+                &config,
+                HealthRegistry::default(),
+                &SharedClients::default(),
+                move |events| {
+                    let port = SimPort::new(cluster, port_seed, events);
+                    let port = match broken {
+                        Some(Broken::StaleQueueAfterRevoke) => port.with_stale_queue_after_revoke(),
+                        Some(Broken::NeverResumes) => port.with_resumes_ignored(),
+                        None => port,
+                    };
+                    ports.lock().unwrap().push(port.clone());
+                    port
+                },
+            )
+        }
+    };
+    let first = supervisor(rng.next()).map_err(|e| format!("supervisor: {e}"))?;
     let all: Vec<i32> = (0..shape.partitions as i32).collect();
-    port.rebalance(Rebalance::Assign(all.clone()));
+    // The consumer the group assigned to last, and how many there were then.
+    let mut port = ports.lock().unwrap().last().cloned();
+    let mut members = 1;
+    if let Some(p) = &port {
+        p.rebalance(Rebalance::Assign(all.clone()));
+    }
     let shutdown = CancellationToken::new();
-    let connection = tokio::spawn(supervisor.run(shutdown.clone()));
+    let mut restarts = Rng(rng.next() ^ 0x08E5_7A87);
+    let connection = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut next = Some(first);
+            loop {
+                let supervisor = match next.take() {
+                    Some(s) => s,
+                    None => supervisor(restarts.next())?,
+                };
+                match supervisor.run(shutdown.clone()).await {
+                    Err(e) if e.is_panic() && !shutdown.is_cancelled() => {
+                        tokio::time::sleep(RESTART_DELAY).await;
+                    }
+                    ended => return ended,
+                }
+            }
+        })
+    };
+    let mut progress = Progress::new(shape.partitions);
+    let mut seen = Seen::default();
+    let parked_key =
+        parked.map(|(offset, _)| idempotency_key("sim", "sim", Some("sim-id-1"), 0, offset));
     let mut result = Ok(());
     for step in 0..STEPS {
         tokio::time::sleep(Duration::from_millis(1)).await;
+        let newest = {
+            let made = ports.lock().unwrap();
+            (made.len() > members).then(|| (made.len(), made.last().cloned()))
+        };
+        if let Some((n, Some(newest))) = newest {
+            // The old consumer left the group as it closed: the new one gets every
+            // partition.
+            members = n;
+            newest.rebalance(Rebalance::Assign(all.clone()));
+            port = Some(newest);
+            progress.reset();
+            EXERCISED.with(|e| e.set((e.get().0 + 1, e.get().1)));
+        }
+        let Some(port) = port.as_ref() else {
+            continue;
+        };
         for _ in 0..=rng.below(3) {
             port.fetch();
         }
@@ -210,6 +383,18 @@ async fn schedule(seed: u64, broken: bool) -> Result<Vec<String>, String> {
                 port.rebalance(Rebalance::Assign(all.clone()));
             }
         }
+        if shape.more.panics > 0 && rng.below(10_000) < shape.more.panics {
+            port.panic_at_next_poll();
+        }
+        if let Some((_, pick, keep)) = shape.more.truncate.filter(|t| t.0 == step) {
+            let mut c = cluster.lock().unwrap();
+            let p = (pick % c.logs.len() as u64) as usize;
+            let keep = (keep % (c.logs[p].len() as u64 + 1)) as usize;
+            c.truncate(p, keep);
+            drop(c);
+            port.log_truncated();
+            cut_due = false;
+        }
         if shape.recreate.is_some_and(|(at, _)| at == step) {
             if let Some(logs) = recreated.take() {
                 cluster
@@ -219,13 +404,27 @@ async fn schedule(seed: u64, broken: bool) -> Result<Vec<String>, String> {
                 port.topic_recreated();
             }
         }
-        if let Err(e) = commits_follow_acceptance(&cluster, &dispatcher) {
+        let c = cluster.lock().unwrap();
+        seen.refresh(&c, &dispatcher);
+        if let Err(e) = commits_follow_acceptance(&c, &seen) {
             result = Err(format!("step {step}: {e} ({shape:?})"));
             break;
         }
-        if recreated.is_none() && all_ran(&cluster, &dispatcher) && committed_to_end(&cluster) {
+        if shape.liveness_checked()
+            && !parked_key
+                .as_ref()
+                .is_some_and(|k| seen.accepted.contains(k))
+        {
+            if let Err(e) = progress.check(&seen) {
+                result = Err(format!("step {step}: {e} ({shape:?})"));
+                break;
+            }
+        }
+        let faults_done = recreated.is_none() && !cut_due;
+        if faults_done && seen.not_run().next().is_none() && committed_to_end(&c) {
             break;
         }
+        drop(c);
     }
     shutdown.cancel();
     let ended = tokio::time::timeout(Duration::from_secs(60), connection).await;
@@ -242,13 +441,15 @@ async fn schedule(seed: u64, broken: bool) -> Result<Vec<String>, String> {
         Ok(Err(e)) => return Err(format!("the connection's task failed: {e}")),
         Err(_) => return Err("the connection did not stop within 60 s".to_owned()),
     }
-    commits_follow_acceptance(&cluster, &dispatcher)?;
-    let missing = not_run(&cluster, &dispatcher);
-    if !missing.is_empty() {
+    let c = cluster.lock().unwrap();
+    seen.refresh(&c, &dispatcher);
+    commits_follow_acceptance(&c, &seen)?;
+    let missing: Vec<_> = seen.not_run().collect();
+    if let Some((_, _, first)) = missing.first() {
         return Err(format!(
-            "{} records never ran, first {} ({shape:?})",
+            "{} records never ran in {:?}, first {first} ({shape:?})",
             missing.len(),
-            missing[0]
+            started.elapsed(),
         ));
     }
     if dispatcher.repeats() > 0 && !shape.repeats_allowed() {
@@ -258,13 +459,19 @@ async fn schedule(seed: u64, broken: bool) -> Result<Vec<String>, String> {
         ));
     }
     in_key_order(&dispatcher)?;
-    if !committed_to_end(&cluster) {
-        let committed = cluster.lock().unwrap().committed.clone();
+    if !committed_to_end(&c) {
         return Err(format!(
-            "commits {committed:?} short of the logs' ends ({shape:?})"
+            "commits {:?} short of the logs' ends ({shape:?})",
+            c.committed
         ));
     }
-    let mut trace = port.trace();
+    drop(c);
+    let mut trace: Vec<String> = ports
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(SimPort::trace)
+        .collect();
     trace.extend(
         dispatcher
             .runs()
@@ -275,9 +482,104 @@ async fn schedule(seed: u64, broken: bool) -> Result<Vec<String>, String> {
     Ok(trace)
 }
 
-/// The idempotency keys the dispatcher accepted.
-fn accepted_keys(d: &DevDispatcher) -> HashSet<String> {
-    d.runs().into_iter().map(|r| r.idempotency_key).collect()
+/// The record a schedule parks (partition 0's first record of [`PARKED_KEY`]) and how many
+/// times the dispatcher answers it 500.
+fn parked_record(cluster: &Cluster, shape: &Schedule) -> Option<(i64, usize)> {
+    let answers = shape.more.parked?;
+    let offset = cluster
+        .logs
+        .first()?
+        .iter()
+        .position(|e| matches!(e, Entry::Record(k) if k == PARKED_KEY))?;
+    Some((offset as i64, answers))
+}
+
+/// When each partition last had a record of its current log run, for the liveness check.
+struct Progress {
+    /// Per partition: how many of its records had run, and when that count last grew.
+    last: Vec<(usize, tokio::time::Instant)>,
+}
+
+impl Progress {
+    fn new(partitions: usize) -> Self {
+        Self {
+            last: vec![(0, tokio::time::Instant::now()); partitions],
+        }
+    }
+
+    /// The connection started again: every partition's clock starts again.
+    fn reset(&mut self) {
+        let now = tokio::time::Instant::now();
+        for l in &mut self.last {
+            l.1 = now;
+        }
+    }
+
+    /// Every partition but the parked one that has records left to run ran one within
+    /// [`LIVENESS`].
+    fn check(&mut self, seen: &Seen) -> Result<(), String> {
+        let now = tokio::time::Instant::now();
+        let mut ran = vec![0; self.last.len()];
+        let mut left = vec![0; self.last.len()];
+        for (p, _, key) in &seen.records {
+            if seen.accepted.contains(key) {
+                ran[*p as usize] += 1;
+            } else {
+                left[*p as usize] += 1;
+            }
+        }
+        for (p, last) in self.last.iter_mut().enumerate() {
+            if ran[p] > last.0 {
+                *last = (ran[p], now);
+            }
+            if p == 0 || left[p] == 0 {
+                continue;
+            }
+            EXERCISED.with(|e| e.set((e.get().0, e.get().1 + 1)));
+            if now - last.1 > LIVENESS {
+                return Err(format!(
+                    "partition {p} ran nothing for {:?} with {} records left, while key {PARKED_KEY} of partition 0 is parked",
+                    now - last.1,
+                    left[p]
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the checks read, kept between steps: the idempotency keys the dispatcher accepted
+/// (read again only when it accepted more) and the keys the current logs' records run under
+/// (made again only when the topic changed identity).
+#[derive(Default)]
+struct Seen {
+    accepted: HashSet<String>,
+    runs: usize,
+    /// By partition and offset.
+    records: Vec<(i32, i64, String)>,
+    /// The cluster's logs' generation they were made of.
+    generation: Option<u64>,
+}
+
+impl Seen {
+    fn refresh(&mut self, cluster: &Cluster, d: &DevDispatcher) {
+        if d.accepted() != self.runs {
+            let runs = d.runs();
+            self.runs = runs.len();
+            self.accepted = runs.into_iter().map(|r| r.idempotency_key).collect();
+        }
+        if self.generation != Some(cluster.generation) {
+            self.generation = Some(cluster.generation);
+            self.records = record_keys(cluster);
+        }
+    }
+
+    /// The records of the current logs that never ran.
+    fn not_run(&self) -> impl Iterator<Item = &(i32, i64, String)> {
+        self.records
+            .iter()
+            .filter(|(_, _, k)| !self.accepted.contains(k))
+    }
 }
 
 /// The key each record of the topic's current logs runs under, by partition and offset.
@@ -298,36 +600,18 @@ fn record_keys(cluster: &Cluster) -> Vec<(i32, i64, String)> {
     keys
 }
 
-/// The records of the current logs that never ran.
-fn not_run(cluster: &Mutex<Cluster>, d: &DevDispatcher) -> Vec<String> {
-    let accepted = accepted_keys(d);
-    let cluster = cluster.lock().unwrap();
-    record_keys(&cluster)
-        .into_iter()
-        .filter(|(_, _, k)| !accepted.contains(k))
-        .map(|(_, _, k)| k)
-        .collect()
-}
-
-/// Whether every record of the current logs ran.
-fn all_ran(cluster: &Mutex<Cluster>, d: &DevDispatcher) -> bool {
-    not_run(cluster, d).is_empty()
-}
-
 /// The commit rule: every record of the current log below a partition's committed offset
 /// ran, under the topic's current identity. A partition whose topic was created again is
 /// checked again once its consumer moved to the new log's start and committed there: until
 /// then a commit the shell decided for the old log may land on the new one (see
 /// [`Cluster::unsettled`]; docs/delivery.md).
-fn commits_follow_acceptance(cluster: &Mutex<Cluster>, d: &DevDispatcher) -> Result<(), String> {
-    let accepted = accepted_keys(d);
-    let cluster = cluster.lock().unwrap();
-    for (p, o, key) in record_keys(&cluster) {
-        if cluster.unsettled.contains(&p) {
+fn commits_follow_acceptance(cluster: &Cluster, seen: &Seen) -> Result<(), String> {
+    for (p, o, key) in seen.not_run() {
+        if cluster.unsettled.contains(p) {
             continue;
         }
-        let committed = cluster.committed.get(&p).map_or(0, |(c, _)| *c);
-        if o < committed && !accepted.contains(&key) {
+        let committed = cluster.committed.get(p).map_or(0, |(c, _)| *c);
+        if *o < committed {
             return Err(format!(
                 "partition {p} committed {committed}, but the record at {o} ({key}) never ran"
             ));
@@ -337,8 +621,7 @@ fn commits_follow_acceptance(cluster: &Mutex<Cluster>, d: &DevDispatcher) -> Res
 }
 
 /// Whether every partition's commit reached its log's end.
-fn committed_to_end(cluster: &Mutex<Cluster>) -> bool {
-    let cluster = cluster.lock().unwrap();
+fn committed_to_end(cluster: &Cluster) -> bool {
     (0..cluster.logs.len()).all(|p| {
         let end = cluster.logs[p].len() as i64;
         end == 0
@@ -377,7 +660,7 @@ fn in_key_order(d: &DevDispatcher) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::run_schedule;
+    use super::{run_schedule, Broken, EXERCISED};
 
     /// How many schedules, from which seed: `TESSEL_SHELL_SIM_SCHEDULES`,
     /// `TESSEL_SHELL_SIM_FIRST_SEED`.
@@ -399,8 +682,20 @@ mod tests {
     /// - 260: librdkafka's hint with no record after it (the new log ends at the old
     ///   position) was taken only by the periodic check, after a commit of the old log's
     ///   progress landed on the new topic (the hint is now taken before every commit
-    ///   decision and final commit).
-    const REGRESSION_SEEDS: &[u64] = &[10, 260];
+    ///   decision and final commit);
+    /// - 11: with the byte budget's pause as it was at `eae395c` (every partition with
+    ///   records waiting paused while the budget is pressed, resumed only once it is not),
+    ///   partition 1 ran nothing for 3 s while key k0 of partition 0 was parked (issue 34,
+    ///   defect 2);
+    /// - 22: with the supervisor not watching its poll task (as at `eae395c`), a panic in a
+    ///   poll round left the connection running without a consumer: 43 records never ran
+    ///   (defect 4);
+    /// - 1161: a log cut to a transaction marker by an unclean leader election; the
+    ///   consumer went back to its beginning and read only the marker, so no message told
+    ///   the core, and the group's commit stayed at 3, past the log's new end of 1, where a
+    ///   new owner would start past the records written next (the core now takes a
+    ///   position behind what its assignment read as a move back, as it takes a message).
+    const REGRESSION_SEEDS: &[u64] = &[10, 260, 11, 22, 1161];
 
     #[test]
     fn the_real_shell_over_a_simulated_librdkafka_keeps_every_invariant() {
@@ -408,13 +703,20 @@ mod tests {
         let seeds = range();
         let n = seeds.end - seeds.start + REGRESSION_SEEDS.len() as u64;
         for seed in REGRESSION_SEEDS.iter().copied().chain(seeds) {
-            if let Err(e) = run_schedule(seed, false) {
+            if let Err(e) = run_schedule(seed, None) {
                 panic!("seed {seed}: {e}");
             }
         }
+        let (restarts, held) = EXERCISED.with(std::cell::Cell::get);
         eprintln!(
-            "{n} schedules of the real shell in {:.1} s",
+            "{n} schedules of the real shell in {:.1} s: {restarts} restarts after a panic, {held} steps of a partition held to the liveness bound while a key was parked",
             started.elapsed().as_secs_f64()
+        );
+        // The faults happened: the connection started again, and partitions were checked
+        // while a key was parked.
+        assert!(
+            restarts > 0 && held > 0,
+            "{restarts} restarts, {held} steps held"
         );
     }
 
@@ -423,8 +725,8 @@ mod tests {
     #[test]
     fn a_seed_replays_exactly() {
         for seed in 1..=20 {
-            let first = run_schedule(seed, false).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-            let again = run_schedule(seed, false).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            let first = run_schedule(seed, None).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            let again = run_schedule(seed, None).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
             if let Some(i) =
                 (0..first.len().max(again.len())).find(|&i| first.get(i) != again.get(i))
             {
@@ -443,8 +745,26 @@ mod tests {
     /// markers are), some schedule commits past a record that never ran.
     #[test]
     fn the_checks_catch_a_consumer_that_skips_records() {
-        let failed = (1..=2000).find_map(|seed| run_schedule(seed, true).err());
+        let failed = (1..=2000)
+            .find_map(|seed| run_schedule(seed, Some(Broken::StaleQueueAfterRevoke)).err());
         let e = failed.expect("a schedule over the broken consumer fails");
         assert!(!e.is_empty());
+    }
+
+    /// The liveness check is not vacuous: over a consumer that ignores resumes, a partition
+    /// the byte budget or its buffer paused stays paused, and some schedule sees a partition
+    /// without a parked key run nothing for longer than the bound.
+    #[test]
+    fn the_liveness_check_catches_a_consumer_that_never_resumes() {
+        let liveness = |e: String| e.contains("ran nothing for").then_some(e);
+        let failed = (1..=2000).find_map(|seed| {
+            run_schedule(seed, Some(Broken::NeverResumes))
+                .err()
+                .and_then(liveness)
+        });
+        assert!(
+            failed.is_some(),
+            "no schedule over the broken consumer broke liveness"
+        );
     }
 }

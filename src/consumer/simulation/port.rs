@@ -68,6 +68,11 @@ pub(crate) struct Cluster {
     pub(crate) unsettled: std::collections::BTreeSet<i32>,
     /// Of those, the partitions the consumer moved.
     pub(crate) sought: std::collections::BTreeSet<i32>,
+    /// Keys whose records carry this many more bytes of value (a large record, for the
+    /// connection's byte budget).
+    pub(crate) pads: HashMap<String, usize>,
+    /// Bumped whenever a log is replaced or cut (the checks read the logs again).
+    pub(crate) generation: u64,
 }
 
 impl Cluster {
@@ -75,10 +80,20 @@ impl Cluster {
     /// the group's committed offsets of it deleted with it.
     pub(crate) fn recreate(&mut self, id: String, logs: Vec<Vec<Entry>>) {
         self.topic_id = id;
+        self.generation += 1;
         self.unsettled = (0..logs.len() as i32).collect();
         self.sought.clear();
         self.logs = logs;
         self.committed.clear();
+    }
+}
+
+impl Cluster {
+    /// Partition `p`'s log is cut to its first `keep` entries (an unclean leader election:
+    /// the new leader's log is shorter).
+    pub(crate) fn truncate(&mut self, p: usize, keep: usize) {
+        self.generation += 1;
+        self.logs[p].truncate(keep);
     }
 }
 
@@ -136,9 +151,14 @@ struct State {
     /// librdkafka said something that may mean a topic changed identity (its
     /// `take_identity_check`).
     identity_hint: bool,
+    /// The next poll panics (as rust-rdkafka does reading commit metadata that is not
+    /// UTF-8 in a rebalance callback, or any panic in a callback or a poll round).
+    panic_next: bool,
     /// A broken librdkafka, for the checks' non-vacuity test: a revoke leaves what was
     /// queued for its partitions, and an assignment reuses their versions.
     stale_after_revoke: bool,
+    /// A broken librdkafka, for the liveness check's non-vacuity test: a resume is ignored.
+    never_resumes: bool,
 }
 
 /// One member's simulated consumer (a handle: its clones are the same consumer).
@@ -176,7 +196,9 @@ impl SimPort {
                 prefetch,
                 versions: 0,
                 identity_hint: false,
+                panic_next: false,
                 stale_after_revoke: false,
+                never_resumes: false,
             })),
             events,
             trace: Arc::default(),
@@ -208,6 +230,13 @@ impl SimPort {
     /// assignment (see `the_checks_catch_a_consumer_that_skips_records`).
     pub(crate) fn with_stale_queue_after_revoke(self) -> Self {
         self.state().stale_after_revoke = true;
+        self
+    }
+
+    /// This consumer, broken: it ignores resumes (see
+    /// `the_liveness_check_catches_a_consumer_that_never_resumes`).
+    pub(crate) fn with_resumes_ignored(self) -> Self {
+        self.state().never_resumes = true;
         self
     }
 
@@ -246,6 +275,29 @@ impl SimPort {
             }
         }
         self.note(format_args!("topic recreated"));
+    }
+
+    /// The next poll panics, inside the consumer (a callback or the poll round).
+    pub(crate) fn panic_at_next_poll(&self) {
+        self.state().panic_next = true;
+    }
+
+    /// A log was cut ([`Cluster::truncate`]): a fetch position past its new end is out of
+    /// range and goes back to its beginning (`auto.offset.reset` is `earliest`); what was
+    /// queued before is still delivered. librdkafka logs the reset in its `topic` debug
+    /// context, which the connector reads as a hint.
+    pub(crate) fn log_truncated(&self) {
+        let ends: Vec<i64> = self.cluster().logs.iter().map(|l| l.len() as i64).collect();
+        let mut s = self.state();
+        let mut reset = false;
+        for (p, part) in &mut s.parts {
+            if part.fetch_next > ends[*p as usize] {
+                part.fetch_next = 0;
+                reset = true;
+            }
+        }
+        s.identity_hint |= reset;
+        self.note(format_args!("log truncated"));
     }
 
     /// The partitions assigned now.
@@ -337,7 +389,10 @@ impl SimPort {
                     return false;
                 }
                 for p in &ps {
+                    let end = cluster.logs[*p as usize].len() as i64;
+                    // A committed offset past the log's end (cut since) is out of range.
                     let start = cluster.committed.get(p).map_or(0, |(o, _)| *o);
+                    let start = if (0..=end).contains(&start) { start } else { 0 };
                     if !s.stale_after_revoke {
                         s.versions += 1;
                     }
@@ -471,6 +526,11 @@ impl KafkaPort for SimPort {
 
     fn poll(&self) -> Option<Result<OwnedMessage, KafkaError>> {
         let mut s = self.state();
+        if std::mem::take(&mut s.panic_next) {
+            drop(s);
+            self.note(format_args!("poll panics"));
+            panic!("simulated: a panic in a rebalance callback");
+        }
         if !self.revoke_done(&mut s) {
             return None;
         }
@@ -490,15 +550,17 @@ impl KafkaPort for SimPort {
             match &e.entry {
                 Entry::Marker => continue,
                 Entry::Record(key) => {
+                    let pad = "p".repeat(cluster.pads.get(key).copied().unwrap_or(0));
+                    let value = format!("{{\"offset\":{},\"pad\":\"{pad}\"}}", e.offset);
                     return Some(Ok(OwnedMessage::new(
-                        Some(format!("{{\"offset\":{}}}", e.offset).into_bytes()),
+                        Some(value.into_bytes()),
                         Some(key.clone().into_bytes()),
                         cluster.topic.clone(),
                         Timestamp::CreateTime(1_700_000_000_000 + e.offset),
                         e.partition,
                         e.offset,
                         Some(OwnedHeaders::new()),
-                    )))
+                    )));
                 }
             }
         }
@@ -556,6 +618,9 @@ impl KafkaPort for SimPort {
                 ""
             }
         ));
+        if !pause && s.never_resumes {
+            return Ok(());
+        }
         if s.awaiting_ack.is_some() {
             s.deferred.push(Deferred::Flow(pause, partitions.to_vec()));
         } else {
