@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::monitor::MovedBack;
 use super::port::KafkaPort;
 use crate::config::ConnectionConfig;
-use crate::core::Core;
+use crate::core::{Core, StaleCommit};
 use crate::dispatch::event::TopicPartition;
 use crate::run::spawn::KafkaShell;
 use crate::telemetry::metrics;
@@ -180,6 +180,28 @@ impl IdentityWatch {
             }
         }
         seeks
+    }
+
+    /// Partitions assigned with a group commit made under another topic of the same name
+    /// (its metadata names another topic id): the core restarted them as new logs; each is
+    /// said (a WARN), counted as a topic created again, and moved to where
+    /// `auto.offset.reset` says.
+    pub(super) fn on_stale_commits(&mut self, stale: Vec<StaleCommit>) -> Vec<Seek> {
+        let connection = self.connection.as_str();
+        stale
+            .into_iter()
+            .map(|s| {
+                metrics::position_reset(connection, &s.tp.topic, "topic_recreated");
+                tracing::warn!(connection, topic = %s.tp.topic, partition = s.tp.partition,
+                    committed_topic_id = %s.committed_id, topic_id = %s.topic_id, reset = ?self.reset,
+                    "the group's commit was made under an older topic of the same name (deleted and created again): its offset is not this topic's; the partition is read from where auto.offset.reset says");
+                let _ = self.seeking.insert(s.tp.clone());
+                Seek {
+                    tp: s.tp,
+                    to: self.reset,
+                }
+            })
+            .collect()
     }
 
     /// A partition's position moved back: said (an ERROR once per partition, unless the
