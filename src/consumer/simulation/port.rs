@@ -139,6 +139,9 @@ struct State {
     /// A broken librdkafka, for the checks' non-vacuity test: a revoke leaves what was
     /// queued for its partitions, and an assignment reuses their versions.
     stale_after_revoke: bool,
+    /// The topic was deleted and librdkafka has not noticed yet: its fetches fail (it
+    /// fetches by topic id), nothing new is queued, and it has not hinted yet.
+    deleted: bool,
 }
 
 /// One member's simulated consumer (a handle: its clones are the same consumer).
@@ -177,6 +180,7 @@ impl SimPort {
                 versions: 0,
                 identity_hint: false,
                 stale_after_revoke: false,
+                deleted: false,
             })),
             events,
             trace: Arc::default(),
@@ -240,12 +244,23 @@ impl SimPort {
         let ends: Vec<i64> = self.cluster().logs.iter().map(|l| l.len() as i64).collect();
         let mut s = self.state();
         s.identity_hint = true;
+        s.deleted = false;
         for (p, part) in &mut s.parts {
             if part.fetch_next > ends[*p as usize] {
                 part.fetch_next = 0;
             }
         }
         self.note(format_args!("topic recreated"));
+    }
+
+    /// The cluster deleted the topic (and created it again) before librdkafka noticed: until
+    /// [`Self::topic_recreated`] (its next fetch, within `fetch.wait.max.ms`) no fetch
+    /// succeeds and no hint is given, while what was queued is still delivered and the
+    /// shell's commits of the old log's progress land on the new topic (Kafka keeps a
+    /// group's offsets by topic name). An assignment meanwhile starts at the group's commit.
+    pub(crate) fn topic_deleted(&self) {
+        self.state().deleted = true;
+        self.note(format_args!("topic deleted, not noticed yet"));
     }
 
     /// The partitions assigned now.
@@ -262,7 +277,7 @@ impl SimPort {
     pub(crate) fn fetch(&self) {
         let cluster = self.cluster();
         let mut s = self.state();
-        if s.awaiting_ack.is_some() {
+        if s.awaiting_ack.is_some() || s.deleted {
             return;
         }
         let was_empty = s.queue.is_empty();
