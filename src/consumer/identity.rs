@@ -171,10 +171,16 @@ impl IdentityWatch {
                 self.soon = true;
                 continue;
             };
+            // The id known before (None: not read at the assignment) and the one the group's
+            // commit named when assigned, for the log.
+            let (before, committed_id) = core.partitions().by_tp(&tp).map_or((None, None), |p| {
+                (p.topic_id.clone(), p.tracker.committed_topic_id().cloned())
+            });
             if core.on_topic_id(&tp, id.as_deref().map(Arc::from)) {
                 metrics::position_reset(connection, &tp.topic, "topic_recreated");
                 tracing::warn!(connection, topic = %tp.topic, partition = tp.partition, topic_id = ?id,
-                    reset = ?self.reset, "topic deleted and created again: its partition is read anew from where auto.offset.reset says, its new records run under the new topic id");
+                    previous_topic_id = ?before, committed_topic_id = ?committed_id,
+                    reset = ?self.reset, "topic deleted and created again (or the group's commit was made under an older topic of the same name): its partition is read anew from where auto.offset.reset says, its new records run under the new topic id");
                 let _ = self.seeking.insert(tp.clone());
                 seeks.push(Seek { tp, to: self.reset });
             }

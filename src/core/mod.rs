@@ -665,6 +665,58 @@ mod tests {
         c
     }
 
+    #[test]
+    fn an_assignment_names_the_partitions_whose_commit_is_an_older_topics() {
+        let now = Instant::now();
+        let mut c = core();
+        let trigger = TestTrigger::new(8);
+        let slots = [("tk3:old:7:", 0), ("tk3:new:7:", 1), ("tk2:7:bAQ", 2)]
+            .into_iter()
+            .map(|(metadata, p)| {
+                let a = AssignedPartition {
+                    tp: tp(p),
+                    committed: Some(7),
+                    metadata: metadata.to_owned(),
+                    topic_id: Some("new".into()),
+                };
+                let slot = TriggerSlot {
+                    index: 0,
+                    ordering: Ordering::Key,
+                    runtime: trigger.clone(),
+                    batch: None,
+                };
+                (a, slot)
+            })
+            .collect();
+        let stale = c.on_assigned(now, slots);
+        assert_eq!(
+            stale,
+            vec![StaleCommit {
+                tp: tp(0),
+                committed_id: "old".into(),
+                topic_id: "new".into(),
+            }]
+        );
+        let stored = |c: &Core<TestShell>, p| {
+            c.partitions()
+                .by_tp(&tp(p))
+                .unwrap()
+                .tracker
+                .stored_offset()
+        };
+        assert_eq!(
+            (stored(&c, 0), stored(&c, 1), stored(&c, 2)),
+            (None, Some(7), Some(7))
+        );
+        // What arrives before the shell moved the consumer is dropped.
+        assert!(matches!(
+            c.on_message(msg(0, 7, "a")),
+            Arrival::BeforeSeek(_)
+        ));
+        c.on_sought(&tp(0));
+        assert!(matches!(c.on_message(msg(0, 0, "a")), Arrival::Queued(_)));
+    }
+
     fn poll(c: &mut Core<TestShell>, now: Instant) -> Vec<Command<TestShell>> {
         let mut out = Vec::new();
         c.poll(now, &mut out);
