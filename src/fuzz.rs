@@ -99,17 +99,24 @@ pub fn dispatcher_answer(text: &str) {
 }
 
 /// Commit metadata written by another member (or anyone with WRITE on the group): read as a
-/// well-formed map of at most `MAX_METADATA_OFFSETS` offsets above `offset`, or refused; the
-/// map read is written again exactly (within the longest metadata), and a tracker loaded
-/// with it runs.
+/// well-formed map of at most `MAX_METADATA_OFFSETS` offsets above `offset`, with the topic id
+/// it names (`tk3`), or refused; the map read is written again exactly with the same id
+/// (within the longest metadata), and a tracker loaded with it runs and tells its id from
+/// another.
 pub fn commit_metadata(offset: i64, metadata: &str) {
     use crate::core::offset_codec::{self, MAX_METADATA_CHARS, MAX_METADATA_OFFSETS};
-    let Ok(map) = offset_codec::decode(offset, metadata) else {
+    let Ok(committed) = offset_codec::decode_committed(offset, metadata) else {
         let mut t = crate::core::offsets::OffsetTracker::from_committed(Some(offset), metadata);
         assert!(offset < 0 || t.metadata_refused().is_some() || metadata.is_empty());
         let _ = t.take_new_commit();
         return;
     };
+    let (topic_id, map) = (committed.topic_id, committed.handled);
+    assert!(topic_id.is_none_or(offset_codec::valid_topic_id));
+    assert_eq!(
+        topic_id.is_some(),
+        metadata.starts_with(offset_codec::ID_PREFIX)
+    );
     let mut last = offset;
     for &(s, e) in map.ranges() {
         assert!(s > last && s < e, "{map:?}");
@@ -117,14 +124,28 @@ pub fn commit_metadata(offset: i64, metadata: &str) {
     }
     assert!(map.len() as i64 <= MAX_METADATA_OFFSETS);
     let runs = offset_codec::runs_of(offset, map.ranges().iter().copied());
-    let (again, cut) = offset_codec::encode(offset, &runs, MAX_METADATA_CHARS);
+    let (again, cut) = offset_codec::encode_with_id(topic_id, offset, &runs, MAX_METADATA_CHARS);
     if !cut {
-        assert_eq!(offset_codec::decode(offset, &again).as_ref(), Ok(&map));
+        let back = offset_codec::decode_committed(offset, &again);
+        let back = back.as_ref().map(|c| (&c.handled, c.topic_id));
+        // The id is left out only when the map does not fit whole with it.
+        if back.is_ok_and(|(_, id)| id.is_none()) && topic_id.is_some() {
+            assert!(again.len() + offset_codec::topic_id_len(topic_id) > MAX_METADATA_CHARS);
+            assert_eq!(back.map(|(m, _)| m), Ok(&map));
+        } else {
+            assert_eq!(back, Ok((&map, topic_id)));
+        }
     }
     if offset < 0 {
         return;
     }
     let mut t = crate::core::offsets::OffsetTracker::from_committed(Some(offset), metadata);
+    assert_eq!(t.committed_topic_id().map(|i| &**i), topic_id);
+    assert!(!t.committed_under_other_topic(topic_id));
+    assert_eq!(
+        t.committed_under_other_topic(Some("another-id")),
+        topic_id.is_some_and(|i| i != "another-id")
+    );
     let _ = t.received(offset);
     for o in map.iter().take(64) {
         assert_eq!(

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::monitor::MovedBack;
 use super::port::KafkaPort;
 use crate::config::ConnectionConfig;
-use crate::core::Core;
+use crate::core::{Core, StaleCommit};
 use crate::dispatch::event::TopicPartition;
 use crate::run::spawn::KafkaShell;
 use crate::telemetry::metrics;
@@ -171,15 +171,43 @@ impl IdentityWatch {
                 self.soon = true;
                 continue;
             };
+            // The id known before (None: not read at the assignment) and the one the group's
+            // commit named when assigned, for the log.
+            let (before, committed_id) = core.partitions().by_tp(&tp).map_or((None, None), |p| {
+                (p.topic_id.clone(), p.tracker.committed_topic_id().cloned())
+            });
             if core.on_topic_id(&tp, id.as_deref().map(Arc::from)) {
                 metrics::position_reset(connection, &tp.topic, "topic_recreated");
                 tracing::warn!(connection, topic = %tp.topic, partition = tp.partition, topic_id = ?id,
-                    reset = ?self.reset, "topic deleted and created again: its partition is read anew from where auto.offset.reset says, its new records run under the new topic id");
+                    previous_topic_id = ?before, committed_topic_id = ?committed_id,
+                    reset = ?self.reset, "topic deleted and created again (or the group's commit was made under an older topic of the same name): its partition is read anew from where auto.offset.reset says, its new records run under the new topic id");
                 let _ = self.seeking.insert(tp.clone());
                 seeks.push(Seek { tp, to: self.reset });
             }
         }
         seeks
+    }
+
+    /// Partitions assigned with a group commit made under another topic of the same name
+    /// (its metadata names another topic id): the core restarted them as new logs; each is
+    /// said (a WARN), counted as a topic created again, and moved to where
+    /// `auto.offset.reset` says.
+    pub(super) fn on_stale_commits(&mut self, stale: Vec<StaleCommit>) -> Vec<Seek> {
+        let connection = self.connection.as_str();
+        stale
+            .into_iter()
+            .map(|s| {
+                metrics::position_reset(connection, &s.tp.topic, "topic_recreated");
+                tracing::warn!(connection, topic = %s.tp.topic, partition = s.tp.partition,
+                    committed_topic_id = %s.committed_id, topic_id = %s.topic_id, reset = ?self.reset,
+                    "the group's commit was made under an older topic of the same name (deleted and created again): its offset is not this topic's; the partition is read from where auto.offset.reset says");
+                let _ = self.seeking.insert(s.tp.clone());
+                Seek {
+                    tp: s.tp,
+                    to: self.reset,
+                }
+            })
+            .collect()
     }
 
     /// A partition's position moved back: said (an ERROR once per partition, unless the

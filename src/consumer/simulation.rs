@@ -16,9 +16,16 @@
 //! each key's records ran in offset order, nothing ran twice unless a fault allows it, and
 //! every partition's commit reached its log's end.
 //!
-//! Limits: one member at a time (a rebalance gives its partitions back to itself; a restart
-//! gives them to the new consumer); librdkafka's own threads are not run, only what it
-//! returns (docs/architecture.md "Tests").
+//! A topic deleted and created again is noticed by librdkafka at once in some schedules and
+//! only some steps later in others (its next fetch), with the member's partitions revoked and
+//! assigned again in between in half of those: that assignment plays the next owner, which
+//! starts at the group's commit and reads its metadata (the commit of the old log's progress
+//! that landed on the new topic, in the window).
+//!
+//! A schedule has one to three members, each its own connection, under an eager
+//! coordinator ([`Group`]): a partition's next owner starts at the group's commit and reads
+//! its metadata. Limits: librdkafka's own threads are not run, only what it returns
+//! (docs/architecture.md "Tests").
 
 pub(crate) mod port;
 
@@ -57,6 +64,10 @@ struct Schedule {
     recreate: Option<(u64, usize)>,
     /// Percent of partitions whose commit the broker refuses in a request.
     commit_refusals: u64,
+    /// With `recreate`: librdkafka notices the topic created again only this many steps
+    /// later (its next fetch); and whether the member's partitions are revoked and assigned
+    /// again in between (a handover: the next owner starts at the group's commit).
+    unnoticed: Option<(u64, bool)>,
     /// The later faults, drawn from a stream of their own so that adding them changed no
     /// earlier draw.
     more: MoreFaults,
@@ -86,6 +97,8 @@ struct MoreFaults {
     /// of it (another tool's, a newer form, another offset's, malformed, too long): which
     /// of [`FOREIGN_METADATA`].
     foreign: Option<usize>,
+    /// Members of the group, each its own connection (1 to 3).
+    members: usize,
 }
 
 /// Commit metadata no owner may read as handled offsets of a commit at 0.
@@ -117,6 +130,11 @@ impl MoreFaults {
             foreign: rng
                 .chance(15)
                 .then(|| rng.below(FOREIGN_METADATA.len() as u64 + 1) as usize),
+            members: if rng.chance(40) {
+                2 + rng.below(2) as usize
+            } else {
+                1
+            },
         }
     }
 }
@@ -136,7 +154,18 @@ impl Schedule {
                 .then(|| (rng.below(300), rng.below(2 * records as u64) as usize)),
             commit_refusals: if rng.chance(25) { 1 + rng.below(30) } else { 0 },
             more: MoreFaults::from_seed(seed),
+            unnoticed: None,
         }
+    }
+
+    /// Draws the window in which a topic created again is not noticed yet, from its own
+    /// draws (so that every other draw of a seed is as it was before it existed).
+    fn with_unnoticed(mut self, seed: u64) -> Self {
+        let mut rng = Rng(seed ^ 0x0DE1_E7F5);
+        if self.recreate.is_some() && rng.chance(50) {
+            self.unnoticed = Some((1 + rng.below(100), rng.chance(50)));
+        }
+        self
     }
 
     /// Whether records may run again by design: a refused commit leaves them to the next
@@ -195,7 +224,7 @@ enum Broken {
 std::thread_local! {
     /// What the schedules run on this thread exercised: connection restarts after a panic,
     /// and steps at which a partition was held to the liveness bound while a key was parked.
-    static EXERCISED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    static EXERCISED: std::cell::Cell<(u64, u64, u64)> = const { std::cell::Cell::new((0, 0, 0)) };
 }
 
 /// Runs the schedule of `seed` (over a broken consumer if `broken` says so): what happened,
@@ -257,7 +286,7 @@ const RESTART_DELAY: Duration = Duration::from_secs(1);
 async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, String> {
     let started = tokio::time::Instant::now();
     let mut rng = Rng(seed);
-    let shape = Schedule::from_seed(seed, &mut rng);
+    let shape = Schedule::from_seed(seed, &mut rng).with_unnoticed(seed);
     let mut scripted = HashMap::new();
     let mut cluster = Cluster {
         topic: "sim".to_owned(),
@@ -297,13 +326,14 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
             .await
             .map_err(|e| format!("dev dispatcher: {e}"))?;
     let config = config(&dispatcher.url(), &shape.more);
-    // Every consumer the connection made, in order: a panic starts the connection again
-    // with a new one, a new member of the group.
-    let ports: Arc<Mutex<Vec<SimPort>>> = Arc::default();
+    // Each member's consumers, in order: a panic starts its connection again with a new
+    // one, a new member of the group.
+    let ports: Vec<Arc<Mutex<Vec<SimPort>>>> =
+        (0..shape.more.members).map(|_| Arc::default()).collect();
     let supervisor = {
-        let (ports, cluster) = (Arc::clone(&ports), Arc::clone(&cluster));
-        move |port_seed: u64| {
-            let (ports, cluster) = (Arc::clone(&ports), Arc::clone(&cluster));
+        let cluster = Arc::clone(&cluster);
+        move |ports: &Arc<Mutex<Vec<SimPort>>>, port_seed: u64| {
+            let (ports, cluster) = (Arc::clone(ports), Arc::clone(&cluster));
             ConnectionSupervisor::over(
                 "sim",
                 &config,
@@ -322,24 +352,37 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
             )
         }
     };
-    let first = supervisor(rng.next()).map_err(|e| format!("supervisor: {e}"))?;
-    let all: Vec<i32> = (0..shape.partitions as i32).collect();
-    // The consumer the group assigned to last, and how many there were then.
-    let mut port = ports.lock().unwrap().last().cloned();
-    let mut members = 1;
-    if let Some(p) = &port {
-        p.rebalance(Rebalance::Assign(all.clone()));
+    let supervisor = Arc::new(supervisor);
+    let mut firsts = Vec::new();
+    for (i, made) in ports.iter().enumerate() {
+        // The first member's consumer draws as the one member of earlier schedules did.
+        let port_seed = if i == 0 {
+            rng.next()
+        } else {
+            rng.next() ^ i as u64
+        };
+        firsts.push(supervisor(made, port_seed).map_err(|e| format!("supervisor: {e}"))?);
     }
+    let all: Vec<i32> = (0..shape.partitions as i32).collect();
+    let mut group = Group::new(&ports);
+    group.assign(&all);
     let shutdown = CancellationToken::new();
-    let mut restarts = Rng(rng.next() ^ 0x08E5_7A87);
-    let connection = {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
+    let restarts = rng.next() ^ 0x08E5_7A87;
+    let mut connections = Vec::new();
+    for (i, first) in firsts.into_iter().enumerate() {
+        let (shutdown, supervisor, made) = (
+            shutdown.clone(),
+            Arc::clone(&supervisor),
+            Arc::clone(&ports[i]),
+        );
+        let mut restarts =
+            Rng(restarts.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+        connections.push(tokio::spawn(async move {
             let mut next = Some(first);
             loop {
                 let supervisor = match next.take() {
                     Some(s) => s,
-                    None => supervisor(restarts.next())?,
+                    None => supervisor(&made, restarts.next())?,
                 };
                 match supervisor.run(shutdown.clone()).await {
                     Err(e) if e.is_panic() && !shutdown.is_cancelled() => {
@@ -348,43 +391,40 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
                     ended => return ended,
                 }
             }
-        })
-    };
+        }));
+    }
     let mut progress = Progress::new(shape.partitions);
     let mut seen = Seen::default();
     let parked_key =
         parked.map(|(offset, _)| idempotency_key("sim", "sim", Some("sim-id-1"), 0, offset));
     let mut result = Ok(());
+    // The step librdkafka notices a topic created again at, and a handover before it.
+    let (mut noticed_at, mut handover_at) = (None, None);
     for step in 0..STEPS {
         tokio::time::sleep(Duration::from_millis(1)).await;
-        let newest = {
-            let made = ports.lock().unwrap();
-            (made.len() > members).then(|| (made.len(), made.last().cloned()))
-        };
-        if let Some((n, Some(newest))) = newest {
-            // The old consumer left the group as it closed: the new one gets every
-            // partition.
-            members = n;
-            newest.rebalance(Rebalance::Assign(all.clone()));
-            port = Some(newest);
+        if group.membership_changed(&all) {
             progress.reset();
-            EXERCISED.with(|e| e.set((e.get().0 + 1, e.get().1)));
         }
-        let Some(port) = port.as_ref() else {
+        group.settle(&all);
+        let live = group.live();
+        if live.is_empty() {
             continue;
-        };
-        for _ in 0..=rng.below(3) {
-            port.fetch();
         }
-        if rng.below(1000) < shape.rebalances && !port.revoking() {
-            let assigned = port.assigned();
-            if !assigned.is_empty() {
-                port.rebalance(Rebalance::Revoke(assigned));
-                port.rebalance(Rebalance::Assign(all.clone()));
+        for port in &live {
+            for _ in 0..=rng.below(3) {
+                port.fetch();
             }
         }
+        if rng.below(1000) < shape.rebalances {
+            group.rebalance(&all);
+        }
         if shape.more.panics > 0 && rng.below(10_000) < shape.more.panics {
-            port.panic_at_next_poll();
+            let i = if live.len() == 1 {
+                0
+            } else {
+                rng.below(live.len() as u64) as usize
+            };
+            live[i].panic_at_next_poll();
         }
         if let Some((_, pick, keep)) = shape.more.truncate.filter(|t| t.0 == step) {
             let mut c = cluster.lock().unwrap();
@@ -392,7 +432,7 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
             let keep = (keep % (c.logs[p].len() as u64 + 1)) as usize;
             c.truncate(p, keep);
             drop(c);
-            port.log_truncated();
+            live.iter().for_each(SimPort::log_truncated);
             cut_due = false;
         }
         if shape.recreate.is_some_and(|(at, _)| at == step) {
@@ -401,8 +441,25 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
                     .lock()
                     .unwrap()
                     .recreate("sim-id-2".to_owned(), logs);
-                port.topic_recreated();
+                match shape.unnoticed {
+                    None => live.iter().for_each(SimPort::topic_recreated),
+                    Some((after, handover)) => {
+                        live.iter().for_each(SimPort::topic_deleted);
+                        noticed_at = Some(step + after);
+                        handover_at = handover.then_some(step + after / 2);
+                    }
+                }
             }
+        }
+        if handover_at == Some(step) {
+            // Another owner takes the partitions before librdkafka noticed: it starts at
+            // the group's commit, which the old log's progress may have moved.
+            handover_at = None;
+            group.rebalance(&all);
+        }
+        if noticed_at == Some(step) {
+            noticed_at = None;
+            live.iter().for_each(SimPort::topic_recreated);
         }
         let c = cluster.lock().unwrap();
         seen.refresh(&c, &dispatcher);
@@ -420,14 +477,23 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
                 break;
             }
         }
-        let faults_done = recreated.is_none() && !cut_due;
+        let faults_done = recreated.is_none() && !cut_due && noticed_at.is_none();
         if faults_done && seen.not_run().next().is_none() && committed_to_end(&c) {
             break;
         }
         drop(c);
     }
     shutdown.cancel();
-    let ended = tokio::time::timeout(Duration::from_secs(60), connection).await;
+    let mut ended = Ok(());
+    for connection in connections {
+        let e = match tokio::time::timeout(Duration::from_secs(60), connection).await {
+            Ok(Ok(Ok(()))) => continue,
+            Ok(Ok(Err(e))) => format!("the connection ended with {e}"),
+            Ok(Err(e)) => format!("the connection's task failed: {e}"),
+            Err(_) => "the connection did not stop within 60 s".to_owned(),
+        };
+        ended = ended.and(Err(e));
+    }
     stop.cancel();
     if result.is_err() && std::env::var_os("TESSEL_SHELL_SIM_TRACE").is_some() {
         for r in dispatcher.runs() {
@@ -435,12 +501,7 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
         }
     }
     result?;
-    match ended {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => return Err(format!("the connection ended with {e}")),
-        Ok(Err(e)) => return Err(format!("the connection's task failed: {e}")),
-        Err(_) => return Err("the connection did not stop within 60 s".to_owned()),
-    }
+    ended?;
     let c = cluster.lock().unwrap();
     seen.refresh(&c, &dispatcher);
     commits_follow_acceptance(&c, &seen)?;
@@ -467,10 +528,14 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
     }
     drop(c);
     let mut trace: Vec<String> = ports
-        .lock()
-        .unwrap()
         .iter()
-        .flat_map(SimPort::trace)
+        .flat_map(|made| {
+            made.lock()
+                .unwrap()
+                .iter()
+                .flat_map(SimPort::trace)
+                .collect::<Vec<_>>()
+        })
         .collect();
     trace.extend(
         dispatcher
@@ -480,6 +545,148 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
     );
     trace.push(format!("ended after {:?}", started.elapsed()));
     Ok(trace)
+}
+
+/// The group's coordinator over the schedule's members: who is in the group (each
+/// member's newest consumer, until it closes), and eager rebalances (every member's
+/// partitions revoked, and once every revoke is acknowledged, the partitions dealt out
+/// again). With one member it acts as the schedules before members did: a rebalance queues
+/// the revoke and the assignment at once, and a restarted consumer is given every
+/// partition.
+struct Group {
+    members: Vec<Member>,
+    /// A rebalance waits for its revokes before it deals the partitions out.
+    dealing: bool,
+    /// Rebalances dealt so far: where the deal starts (partitions move between members).
+    deals: usize,
+}
+
+/// One member of the group: its consumers, and the one in the group now.
+struct Member {
+    made: Arc<Mutex<Vec<SimPort>>>,
+    /// How many of its consumers the group has seen.
+    known: usize,
+    current: Option<SimPort>,
+}
+
+impl Group {
+    fn new(ports: &[Arc<Mutex<Vec<SimPort>>>]) -> Self {
+        Self {
+            members: ports
+                .iter()
+                .map(|made| Member {
+                    made: Arc::clone(made),
+                    known: 1,
+                    current: made.lock().unwrap().last().cloned(),
+                })
+                .collect(),
+            dealing: false,
+            deals: 0,
+        }
+    }
+
+    /// The consumers in the group now.
+    fn live(&self) -> Vec<SimPort> {
+        self.members
+            .iter()
+            .filter_map(|m| m.current.clone())
+            .collect()
+    }
+
+    /// Deals `all` out to the members in the group (round-robin, starting one further at
+    /// each deal so that partitions move).
+    fn assign(&mut self, all: &[i32]) {
+        let live = self.live();
+        if live.is_empty() {
+            return;
+        }
+        let mut shares = vec![Vec::new(); live.len()];
+        for (i, p) in all.iter().enumerate() {
+            shares[(i + self.deals) % live.len()].push(*p);
+        }
+        self.deals += 1;
+        for (port, share) in live.iter().zip(shares) {
+            if !share.is_empty() {
+                port.rebalance(Rebalance::Assign(share));
+            }
+        }
+    }
+
+    /// A rebalance: with one member, its partitions revoked and given back at once; with
+    /// more, every member's revoked, dealt out again once all are acknowledged
+    /// ([`Self::settle`]).
+    fn rebalance(&mut self, all: &[i32]) {
+        if self.members.len() == 1 {
+            if let Some(port) = self.members[0].current.as_ref().filter(|p| !p.revoking()) {
+                let assigned = port.assigned();
+                if !assigned.is_empty() {
+                    port.rebalance(Rebalance::Revoke(assigned));
+                    port.rebalance(Rebalance::Assign(all.to_vec()));
+                }
+            }
+            return;
+        }
+        if self.dealing {
+            return;
+        }
+        for port in self.live() {
+            let assigned = port.assigned();
+            if !assigned.is_empty() {
+                port.rebalance(Rebalance::Revoke(assigned));
+            }
+        }
+        self.dealing = true;
+        EXERCISED.with(|e| e.set((e.get().0, e.get().1, e.get().2 + 1)));
+    }
+
+    /// Deals the partitions out once every revoke of a rebalance was acknowledged.
+    fn settle(&mut self, all: &[i32]) {
+        if self.dealing && self.live().iter().all(SimPort::rebalanced) {
+            self.dealing = false;
+            self.assign(all);
+        }
+    }
+
+    /// Takes in what happened to the members: a consumer that closed left the group, a new
+    /// one joined it. True if the group changed (and a rebalance started).
+    fn membership_changed(&mut self, all: &[i32]) -> bool {
+        let mut changed = false;
+        let mut joined = None;
+        let several = self.members.len() > 1;
+        for m in &mut self.members {
+            // (One member's closed consumer stays in until the next one joins, as before
+            // there were members: the schedule's draws stay as they were.)
+            if several && m.current.as_ref().is_some_and(SimPort::closed) {
+                m.current = None;
+                changed = true;
+            }
+            let newest = {
+                let made = m.made.lock().unwrap();
+                (made.len() > m.known).then(|| (made.len(), made.last().cloned()))
+            };
+            if let Some((n, newest)) = newest {
+                m.known = n;
+                m.current.clone_from(&newest);
+                joined = newest;
+                changed = true;
+                EXERCISED.with(|e| e.set((e.get().0 + 1, e.get().1, e.get().2)));
+            }
+        }
+        if !changed {
+            return false;
+        }
+        if self.members.len() == 1 {
+            // The old consumer left the group as it closed: the new one gets every
+            // partition.
+            if let Some(port) = joined {
+                port.rebalance(Rebalance::Assign(all.to_vec()));
+            }
+        } else {
+            self.dealing = false;
+            self.rebalance(all);
+        }
+        true
+    }
 }
 
 /// The record a schedule parks (partition 0's first record of [`PARKED_KEY`]) and how many
@@ -535,7 +742,7 @@ impl Progress {
             if p == 0 || left[p] == 0 {
                 continue;
             }
-            EXERCISED.with(|e| e.set((e.get().0, e.get().1 + 1)));
+            EXERCISED.with(|e| e.set((e.get().0, e.get().1 + 1, e.get().2)));
             if now - last.1 > LIVENESS {
                 return Err(format!(
                     "partition {p} ran nothing for {:?} with {} records left, while key {PARKED_KEY} of partition 0 is parked",
@@ -694,8 +901,13 @@ mod tests {
     ///   consumer went back to its beginning and read only the marker, so no message told
     ///   the core, and the group's commit stayed at 3, past the log's new end of 1, where a
     ///   new owner would start past the records written next (the core now takes a
-    ///   position behind what its assignment read as a move back, as it takes a message).
-    const REGRESSION_SEEDS: &[u64] = &[10, 260, 11, 22, 1161];
+    ///   position behind what its assignment read as a move back, as it takes a message);
+    /// - 26, 110: a topic created again that librdkafka noticed only later, with a handover
+    ///   in between: the old log's progress was committed onto the new topic, the next owner
+    ///   started there and the new log's records below it never ran ("35 records never ran,
+    ///   first kafka:sim:sim@sim-id-2:0:0"; 28 for 110). The commit metadata now names the
+    ///   topic id, and a commit of another id is read anew from auto.offset.reset.
+    const REGRESSION_SEEDS: &[u64] = &[10, 260, 11, 22, 1161, 26, 110];
 
     #[test]
     fn the_real_shell_over_a_simulated_librdkafka_keeps_every_invariant() {
@@ -707,16 +919,16 @@ mod tests {
                 panic!("seed {seed}: {e}");
             }
         }
-        let (restarts, held) = EXERCISED.with(std::cell::Cell::get);
+        let (restarts, held, moves) = EXERCISED.with(std::cell::Cell::get);
         eprintln!(
-            "{n} schedules of the real shell in {:.1} s: {restarts} restarts after a panic, {held} steps of a partition held to the liveness bound while a key was parked",
+            "{n} schedules of the real shell in {:.1} s: {restarts} restarts after a panic, {held} steps of a partition held to the liveness bound while a key was parked, {moves} rebalances between members",
             started.elapsed().as_secs_f64()
         );
-        // The faults happened: the connection started again, and partitions were checked
-        // while a key was parked.
+        // The faults happened: the connection started again, partitions were checked while
+        // a key was parked, and partitions moved between members.
         assert!(
-            restarts > 0 && held > 0,
-            "{restarts} restarts, {held} steps held"
+            restarts > 0 && held > 0 && moves > 0,
+            "{restarts} restarts, {held} steps held, {moves} rebalances between members"
         );
     }
 

@@ -327,7 +327,10 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
         let tps: Vec<TopicPartition> = assigned.iter().map(|a| a.tp.clone()).collect();
         self.pause_or_resume(false, tps.clone());
         let slots = self.triggers.slots(&self.name, &self.config, assigned);
-        self.core.on_assigned(crate::clock::now(), slots);
+        let stale = self.core.on_assigned(crate::clock::now(), slots);
+        // Commits made under an older topic of the same name: read from auto.offset.reset.
+        let seeks = self.identity.on_stale_commits(stale);
+        self.seeks.extend(seeks);
         for tp in &tps {
             let Some(p) = self.core.partitions().by_tp(tp) else {
                 continue;

@@ -52,6 +52,18 @@ pub struct AssignedPartition {
     pub topic_id: Option<std::sync::Arc<str>>,
 }
 
+/// A partition assigned with a group commit made under another topic of the same name
+/// (see [`Core::on_assigned`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleCommit {
+    /// The partition.
+    pub tp: TopicPartition,
+    /// The topic id the commit's metadata names.
+    pub committed_id: std::sync::Arc<str>,
+    /// The topic's id now.
+    pub topic_id: std::sync::Arc<str>,
+}
+
 /// A commit request: partitions with offsets and metadata.
 pub type CommitBatch = Vec<(TopicPartition, i64, String)>;
 
@@ -231,15 +243,36 @@ impl<S: Shell> Core<S> {
 
     /// Partitions were assigned, each with the trigger that consumes its topic. The shell
     /// resumes them (librdkafka can keep a pause across a revoke and a new assignment).
+    ///
+    /// Returns the partitions whose group commit was made under another topic of the same
+    /// name (its metadata names another topic id: the topic was deleted and created again,
+    /// and a commit decided for the old one landed on the new one), with the commit's topic
+    /// id and the partition's: each starts as a new log with nothing committed, as a topic
+    /// created again while owned does ([`Core::on_topic_id`]), and the shell moves the
+    /// consumer to where `auto.offset.reset` says, then calls [`Core::on_sought`].
     pub fn on_assigned(
         &mut self,
         now: Instant,
         assigned: Vec<(AssignedPartition, TriggerSlot<S>)>,
-    ) {
+    ) -> Vec<StaleCommit> {
         self.committer.rebalanced();
+        let mut stale = Vec::new();
         for (a, trigger) in assigned {
+            let tp = a.tp.clone();
             self.partitions.assign(a, trigger, now);
+            if let Some((committed_id, topic_id)) = self.partitions.committed_under_other_topic(&tp)
+            {
+                if self.partitions.restart_stale_commit(&tp) {
+                    self.committer.forget(&tp);
+                    stale.push(StaleCommit {
+                        tp,
+                        committed_id,
+                        topic_id,
+                    });
+                }
+            }
         }
+        stale
     }
 
     /// Partitions are being revoked (or were `lost`): their waiting batches go out first
@@ -639,6 +672,58 @@ mod tests {
             .collect();
         c.on_assigned(now, slots);
         c
+    }
+
+    #[test]
+    fn an_assignment_names_the_partitions_whose_commit_is_an_older_topics() {
+        let now = Instant::now();
+        let mut c = core();
+        let trigger = TestTrigger::new(8);
+        let slots = [("tk3:old:7:", 0), ("tk3:new:7:", 1), ("tk2:7:bAQ", 2)]
+            .into_iter()
+            .map(|(metadata, p)| {
+                let a = AssignedPartition {
+                    tp: tp(p),
+                    committed: Some(7),
+                    metadata: metadata.to_owned(),
+                    topic_id: Some("new".into()),
+                };
+                let slot = TriggerSlot {
+                    index: 0,
+                    ordering: Ordering::Key,
+                    runtime: trigger.clone(),
+                    batch: None,
+                };
+                (a, slot)
+            })
+            .collect();
+        let stale = c.on_assigned(now, slots);
+        assert_eq!(
+            stale,
+            vec![StaleCommit {
+                tp: tp(0),
+                committed_id: "old".into(),
+                topic_id: "new".into(),
+            }]
+        );
+        let stored = |c: &Core<TestShell>, p| {
+            c.partitions()
+                .by_tp(&tp(p))
+                .unwrap()
+                .tracker
+                .stored_offset()
+        };
+        assert_eq!(
+            (stored(&c, 0), stored(&c, 1), stored(&c, 2)),
+            (None, Some(7), Some(7))
+        );
+        // What arrives before the shell moved the consumer is dropped.
+        assert!(matches!(
+            c.on_message(msg(0, 7, "a")),
+            Arrival::BeforeSeek(_)
+        ));
+        c.on_sought(&tp(0));
+        assert!(matches!(c.on_message(msg(0, 0, "a")), Arrival::Queued(_)));
     }
 
     fn poll(c: &mut Core<TestShell>, now: Instant) -> Vec<Command<TestShell>> {

@@ -22,8 +22,24 @@
 //! flight can lead to, known from counts alone ([`max_len`]); a compressor's output has none,
 //! and the bit set already bounds any shape at one bit an offset.
 //!
-//! The previous form, `tk1:<base>:<d>[-<d>],…` (deltas from the base, ranges of consecutive
-//! offsets), is still read, so a rolling upgrade keeps the old owner's map.
+//! Where the partition's topic id (KIP-516) is known, the text also names it:
+//! `tk3:<topic id>:<base>:[<r|b><bytes>]`, the body empty when nothing above the base is
+//! handled (the text is written even then, for the id). The id is written as the cluster's
+//! text of it, which is already compact and canonical: Kafka prints a topic id as the URL-safe
+//! Base64 of its 16 bytes, unpadded, 22 characters (`consumer::native`, as librdkafka's
+//! bytes are turned into text); any token of 1 to [`MAX_TOPIC_ID_CHARS`] characters of that
+//! alphabet is accepted, and ids are compared as text. Kafka keeps a group's offsets by topic
+//! name, so a commit decided for a topic's old log can land on a topic created again under
+//! the same name; the id tells the next owner that the commit is the old topic's, and it reads
+//! the new one from where `auto.offset.reset` says (`core::partitions`). An id that is not such
+//! a token (none is expected) is not written: the text is `tk2`, as with no id. The id costs
+//! [`topic_id_len`] characters more; when the whole map does not fit the budget with it, the
+//! id is left out rather than the map cut (the start gate counts the id, so this happens only
+//! when the id became known after runs started under a bound without it).
+//!
+//! The previous forms are still read, so a rolling upgrade keeps the old owner's map: `tk2`
+//! (the same map, no id) and `tk1:<base>:<d>[-<d>],…` (deltas from the base, ranges of
+//! consecutive offsets).
 //!
 //! Reading is defensive: metadata is whatever the group's last committer wrote (another
 //! tool, another version, anyone with WRITE on the group). Text that is not a well-formed map
@@ -35,8 +51,15 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 
-/// The prefix of the current form.
+/// The prefix of the form that names no topic id (written where the cluster has none).
 pub const PREFIX: &str = "tk2:";
+
+/// The prefix of the form that names the topic's id.
+pub const ID_PREFIX: &str = "tk3:";
+
+/// The longest topic id written or read, in characters: Kafka's text of a topic id (the
+/// URL-safe Base64 of 16 bytes, unpadded) is 22.
+pub const MAX_TOPIC_ID_CHARS: usize = 22;
 
 /// The prefix of the first form, still read.
 pub const LEGACY_PREFIX: &str = "tk1:";
@@ -127,7 +150,50 @@ impl HandledRanges {
 /// long. Returns it and whether it had to be cut to fit: a cut map leaves out the highest
 /// handled offsets (the next owner runs them again), never names one not handled.
 pub fn encode(base: i64, runs: &[u64], max_chars: usize) -> (String, bool) {
+    encode_with_id(None, base, runs, max_chars)
+}
+
+/// [`encode`], naming `topic_id` (the `tk3` form) when it is a valid id and the whole map
+/// fits `max_chars` with it; otherwise the `tk2` form, as [`encode`] writes it.
+pub fn encode_with_id(
+    topic_id: Option<&str>,
+    base: i64,
+    runs: &[u64],
+    max_chars: usize,
+) -> (String, bool) {
     debug_assert!(runs.len().is_multiple_of(2) && runs.iter().all(|r| *r > 0));
+    if let Some(id) = topic_id.filter(|id| valid_topic_id(id)) {
+        let payload = if runs.len() < 2 {
+            0
+        } else {
+            let span: u64 = runs.iter().sum();
+            let rle: usize = runs.iter().map(|r| varint_len(*r)).sum();
+            // The letter and the payload.
+            1 + base64_len(rle.min(bitset_len(span)))
+        };
+        if ID_PREFIX.len() + id.len() + 1 + decimal_len(base) + 1 + payload <= max_chars {
+            // Shorter than the `tk3` text: whole.
+            let (body, _) = encode_body(base, runs, max_chars);
+            let mut text = String::with_capacity(ID_PREFIX.len() + id.len() + 2 + body.len());
+            text.push_str(ID_PREFIX);
+            text.push_str(id);
+            text.push(':');
+            if body.is_empty() {
+                text.push_str(&base.to_string());
+                text.push(':');
+            } else {
+                // `<base>:<r|b>…` of the `tk2` text.
+                text.push_str(&body[PREFIX.len()..]);
+            }
+            debug_assert!(text.len() <= max_chars);
+            return (text, false);
+        }
+    }
+    encode_body(base, runs, max_chars)
+}
+
+/// The `tk2` text of the map.
+fn encode_body(base: i64, runs: &[u64], max_chars: usize) -> (String, bool) {
     if runs.len() < 2 {
         return (String::new(), false);
     }
@@ -158,15 +224,34 @@ pub fn encode(base: i64, runs: &[u64], max_chars: usize) -> (String, bool) {
 }
 
 /// The longest text any map can have whose base is below `top`, with at most `runs` runs
-/// (`None`: any number) over at most `span` offsets from its base. What a partition's start
-/// gate compares with its budget: O(1).
-pub fn max_len(top: i64, runs: Option<usize>, span: u64) -> usize {
+/// (`None`: any number) over at most `span` offsets from its base, written naming a topic id
+/// of `id_len` characters ([`topic_id_len`]; 0 for none). What a partition's start gate
+/// compares with its budget: O(1).
+pub fn max_len(top: i64, id_len: usize, runs: Option<usize>, span: u64) -> usize {
     let bits = bitset_len(span);
     let payload = match runs {
         Some(runs) => bits.min(rle_bound(runs as u64, span)),
         None => bits,
     };
-    header_len(top) + base64_len(payload)
+    header_len(top) + id_len + base64_len(payload)
+}
+
+/// What naming `topic_id` adds to a text's length (`tk3:<id>:` for `tk2:`): 0 for no id, or
+/// one that is not written.
+pub fn topic_id_len(topic_id: Option<&str>) -> usize {
+    match topic_id {
+        Some(id) if valid_topic_id(id) => id.len() + 1,
+        _ => 0,
+    }
+}
+
+/// Whether `id` is a topic id the text can name: 1 to [`MAX_TOPIC_ID_CHARS`] characters of
+/// the URL-safe Base64 alphabet.
+pub fn valid_topic_id(id: &str) -> bool {
+    (1..=MAX_TOPIC_ID_CHARS).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// An upper bound of the run-length bytes of `runs` runs summing to at most `span`: a
@@ -261,13 +346,41 @@ fn bitset_bytes(runs: &[u64], max: usize) -> Vec<u8> {
 /// The handled offsets `metadata` names above `base`, if it was written for `base`. Empty
 /// metadata names none.
 pub fn decode(base: i64, metadata: &str) -> Result<HandledRanges, MetadataError> {
+    decode_committed(base, metadata).map(|c| c.handled)
+}
+
+/// What a commit's metadata says: the handled offsets above its base, and the topic id it
+/// was written under (`tk3`; None for the older forms and for empty metadata).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Committed<'a> {
+    /// The topic id the commit was made under, if the text names one.
+    pub topic_id: Option<&'a str>,
+    /// The handled offsets above the base.
+    pub handled: HandledRanges,
+}
+
+/// [`decode`], with the topic id the text names. The id is read only from a text that is a
+/// well-formed map of `base` (one written for another offset says nothing of this commit); a
+/// malformed id refuses the text whole.
+pub fn decode_committed(base: i64, metadata: &str) -> Result<Committed<'_>, MetadataError> {
     if metadata.is_empty() {
-        return Ok(HandledRanges::default());
+        return Ok(Committed::default());
     }
     if metadata.len() > MAX_METADATA_CHARS {
         return Err(MetadataError::TooLong(metadata.len()));
     }
     let (form, rest) = split_form(metadata)?;
+    let (topic_id, rest) = if form == 3 {
+        let (id, rest) = rest
+            .split_once(':')
+            .ok_or(MetadataError::Malformed("no topic id"))?;
+        if !valid_topic_id(id) {
+            return Err(MetadataError::Malformed("not a topic id"));
+        }
+        (Some(id), rest)
+    } else {
+        (None, rest)
+    };
     let (written_for, body) = rest
         .split_once(':')
         .ok_or(MetadataError::Malformed("no offset"))?;
@@ -277,14 +390,20 @@ pub fn decode(base: i64, metadata: &str) -> Result<HandledRanges, MetadataError>
     // Offsets kept: base + 1 ..= base + MAX_METADATA_OFFSETS (saturating at i64::MAX, which no
     // offset reaches).
     let limit = base.saturating_add(1).saturating_add(MAX_METADATA_OFFSETS);
-    match form {
-        1 => decode_tk1(base, body, limit),
-        _ => decode_tk2(base, body, limit),
-    }
+    let handled = match form {
+        1 => decode_tk1(base, body, limit)?,
+        // `tk3` writes an empty body for an empty map.
+        3 if body.is_empty() => HandledRanges::default(),
+        _ => decode_tk2(base, body, limit)?,
+    };
+    Ok(Committed { topic_id, handled })
 }
 
-/// The form number of `metadata` (1 or 2) and what follows `tkN:`.
+/// The form number of `metadata` (1, 2 or 3) and what follows `tkN:`.
 fn split_form(metadata: &str) -> Result<(u8, &str), MetadataError> {
+    if let Some(rest) = metadata.strip_prefix(ID_PREFIX) {
+        return Ok((3, rest));
+    }
     if let Some(rest) = metadata.strip_prefix(PREFIX) {
         return Ok((2, rest));
     }

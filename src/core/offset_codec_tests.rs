@@ -77,7 +77,15 @@ fn any_shape_within_24000_offsets_fits_the_default_budget() {
     let (text, cut, back) = roundtrip(base, &handled, 4096);
     assert!(!cut && text.len() <= 4096, "{}", text.len());
     assert_eq!(back.ranges(), handled.as_slice());
-    assert!(max_len(base + 24_001, None, 24_001) <= 4096);
+    assert!(max_len(base + 24_001, 0, None, 24_001) <= 4096);
+    // With Kafka's 22-character topic id too.
+    assert!(max_len(base + 24_001, 23, None, 24_001) <= 4096);
+    let (text, cut) = encode_with_id(Some(KAFKA_ID), base, &runs_of(base, handled), 4096);
+    assert!(
+        !cut && text.len() <= 4096 && text.starts_with("tk3:"),
+        "{}",
+        text.len()
+    );
 }
 
 #[test]
@@ -152,8 +160,8 @@ fn foreign_hostile_and_other_form_metadata_is_refused_whole() {
         assert_eq!(decode(5, foreign), Err(MetadataError::Foreign), "{foreign}");
     }
     assert_eq!(
-        decode(5, "tk3:5:zz"),
-        Err(MetadataError::UnknownForm("tk3".into()))
+        decode(5, "tk4:5:zz"),
+        Err(MetadataError::UnknownForm("tk4".into()))
     );
     assert_eq!(decode(5, "tk2:6:rAQE"), Err(MetadataError::OtherOffset));
     assert_eq!(decode(5, "tk2:05:rAQE"), Err(MetadataError::OtherOffset));
@@ -219,19 +227,126 @@ fn a_cut_text_reads_as_a_prefix_of_its_map_or_not_at_all() {
     }
 }
 
+/// Kafka's text of a topic id (URL-safe Base64 of 16 bytes, unpadded).
+const KAFKA_ID: &str = "EjRWeJq83vD__________w";
+
+#[test]
+fn the_topic_id_is_named_where_known() {
+    let runs = runs_of(5, [(6, 7)]);
+    // No id, or one that is not a token of the alphabet: `tk2`, as before.
+    assert_eq!(encode_with_id(None, 5, &runs, 4096).0, "tk2:5:bAQ");
+    for not_written in ["", "a:b", "an id", &"A".repeat(23), "é"] {
+        assert_eq!(
+            encode_with_id(Some(not_written), 5, &runs, 4096).0,
+            "tk2:5:bAQ"
+        );
+        assert_eq!(topic_id_len(Some(not_written)), 0);
+    }
+    let (text, cut) = encode_with_id(Some(KAFKA_ID), 5, &runs, 4096);
+    assert!(!cut);
+    assert_eq!(text, format!("tk3:{KAFKA_ID}:5:bAQ"));
+    assert_eq!(text.len(), "tk2:5:bAQ".len() + topic_id_len(Some(KAFKA_ID)));
+    let c = decode_committed(5, &text).unwrap();
+    assert_eq!(c.topic_id, Some(KAFKA_ID));
+    assert_eq!(c.handled.ranges(), &[(6, 7)]);
+    assert_eq!(decode(5, &text).unwrap().ranges(), &[(6, 7)]);
+    // An empty map is written too, for the id; it reads as no offsets.
+    let (text, cut) = encode_with_id(Some("sim-id-1"), 42, &[], 4096);
+    assert!(!cut);
+    assert_eq!(text, "tk3:sim-id-1:42:");
+    let c = decode_committed(42, &text).unwrap();
+    assert_eq!((c.topic_id, c.handled.is_empty()), (Some("sim-id-1"), true));
+    assert!(text.len() <= max_len(43, topic_id_len(Some("sim-id-1")), Some(0), 0));
+    // The older forms and empty text name no id.
+    for idless in ["", "tk2:5:rAQE", "tk1:5:1"] {
+        assert_eq!(
+            decode_committed(5, idless).unwrap().topic_id,
+            None,
+            "{idless}"
+        );
+    }
+    // A map that does not fit whole with the id is written without it, not cut.
+    let budget = "tk2:5:bAQ".len();
+    assert_eq!(
+        encode_with_id(Some(KAFKA_ID), 5, &runs, budget),
+        ("tk2:5:bAQ".into(), false)
+    );
+    assert_eq!(
+        encode_with_id(Some(KAFKA_ID), 5, &[], 10),
+        (String::new(), false)
+    );
+    // Exactly at the budget, the id is kept.
+    let exact = format!("tk3:{KAFKA_ID}:5:bAQ").len();
+    assert!(encode_with_id(Some(KAFKA_ID), 5, &runs, exact)
+        .0
+        .starts_with("tk3:"));
+}
+
+#[test]
+fn a_malformed_topic_id_refuses_the_text_whole() {
+    for malformed in [
+        "tk3:",
+        "tk3:5",
+        "tk3::5:rAQE",
+        "tk3:a b:5:rAQE",
+        "tk3:a+b:5:rAQE",
+        "tk3:AAAAAAAAAAAAAAAAAAAAAAA:5:rAQE", // 23 characters
+        "tk3:\u{FFFD}:5:rAQE",
+        "tk3:id:5",
+        "tk3:id:5:r",
+        "tk3:id:5:x",
+        "tk3:id:5:rAQEB",
+    ] {
+        assert!(
+            matches!(
+                decode_committed(5, malformed),
+                Err(MetadataError::Malformed(_))
+            ),
+            "{malformed}: {:?}",
+            decode_committed(5, malformed)
+        );
+    }
+    assert_eq!(
+        decode_committed(5, "tk3:id:6:rAQE"),
+        Err(MetadataError::OtherOffset)
+    );
+    // The id is one field: a text with more fields is another offset or malformed.
+    assert!(decode_committed(5, "tk3:id:x:5:rAQE").is_err());
+    assert_eq!(
+        decode(5, "tk4:id:5:rAQE"),
+        Err(MetadataError::UnknownForm("tk4".into()))
+    );
+}
+
+/// A map whose runs are `runs`, written with `id` within `budget`, read back: the text,
+/// whether it was cut, the id it names and its offsets.
+fn roundtrip_with_id(
+    id: Option<&str>,
+    base: i64,
+    runs: &[u64],
+    budget: usize,
+) -> (String, bool, Option<String>, HandledRanges) {
+    let (text, cut) = encode_with_id(id, base, runs, budget);
+    let c = decode_committed(base, &text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let (named, handled) = (c.topic_id.map(str::to_owned), c.handled);
+    (text, cut, named, handled)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
 
     /// Every handled set survives encode and decode, in the smaller encoding, and within the
-    /// bound the start gate computes from its runs and span.
+    /// bound the start gate computes from its runs, its span and the topic id's length.
     #[test]
     fn every_handled_set_round_trips_within_the_bound(
         base in prop_oneof![0i64..1_000, 0i64..(1 << 53)],
         pairs in prop::collection::vec((prop_oneof![0u32..4, 0u32..300, 0u32..100_000], prop_oneof![1u32..4, 1u32..300]), 0..400),
+        id in prop_oneof![Just(None), Just(Some(KAFKA_ID.to_owned())), "[A-Za-z0-9_-]{1,22}".prop_map(Some), ".{0,30}".prop_map(Some)],
     ) {
         let handled = ranges(base, &pairs);
         let runs = runs_of(base, handled.iter().copied());
-        let (text, cut) = encode(base, &runs, MAX_METADATA_CHARS);
+        let id = id.as_deref();
+        let (text, cut) = encode_with_id(id, base, &runs, MAX_METADATA_CHARS);
         let span: u64 = runs.iter().sum();
         prop_assert!(text.is_ascii());
         if !cut {
@@ -242,13 +357,45 @@ proptest! {
                 .filter(|(s, _)| *s < limit)
                 .map(|&(s, e)| (s, e.min(limit)))
                 .collect();
-            let back = decode(base, &text).unwrap();
-            prop_assert_eq!(back.ranges(), kept.as_slice());
+            let back = decode_committed(base, &text).unwrap();
+            prop_assert_eq!(back.handled.ranges(), kept.as_slice());
+            let named = id.filter(|i| valid_topic_id(i));
+            prop_assert_eq!(back.topic_id, named);
+            let id_len = topic_id_len(id);
             let top = base + span as i64;
-            prop_assert!(text.len() <= max_len(top, Some(runs.len()), span));
-            prop_assert!(text.len() <= max_len(top, None, span).max(max_len(top, Some(runs.len()), span)));
+            prop_assert!(text.len() <= max_len(top, id_len, Some(runs.len()), span));
+            prop_assert!(text.len() <= max_len(top, id_len, None, span).max(max_len(top, id_len, Some(runs.len()), span)));
             // The same runs bound any other split of a span at least as long.
-            prop_assert!(text.len() <= max_len(top + 7, Some(runs.len() + 3), span + 7));
+            prop_assert!(text.len() <= max_len(top + 7, id_len, Some(runs.len() + 3), span + 7));
+            // And the bound for the longest id bounds every id.
+            prop_assert!(text.len() <= max_len(top, MAX_TOPIC_ID_CHARS + 1, Some(runs.len()), span));
+        }
+    }
+
+    /// With an id, a map is written whole or not named with the id; either way within the
+    /// budget, and naming only handled offsets.
+    #[test]
+    fn a_map_with_an_id_fits_its_budget(
+        base in 0i64..(1 << 40),
+        pairs in prop::collection::vec((0u32..50, 1u32..50), 0..200),
+        budget in 0usize..300,
+        id in "[A-Za-z0-9_-]{1,22}",
+    ) {
+        let handled = ranges(base, &pairs);
+        let runs = runs_of(base, handled.iter().copied());
+        let (text, cut, named, back) = roundtrip_with_id(Some(&id), base, &runs, budget);
+        prop_assert!(text.len() <= budget);
+        let whole = HandledRanges(handled);
+        prop_assert!(back.iter().all(|o| whole.contains(o)));
+        if named.is_some() {
+            prop_assert!(!cut);
+            prop_assert_eq!(named.as_deref(), Some(id.as_str()));
+            prop_assert_eq!(back.len(), whole.len());
+        }
+        // Whatever fits the gate's bound with the id is written with it.
+        let span: u64 = runs.iter().sum();
+        if max_len(base + span as i64, topic_id_len(Some(&id)), Some(runs.len()), span) <= budget {
+            prop_assert_eq!(named.as_deref(), Some(id.as_str()));
         }
     }
 
@@ -276,10 +423,13 @@ proptest! {
             ".*",
             "tk[12]:[0-9]{1,3}:[-0-9,]{0,40}",
             "tk2:[0-9]:[rb][A-Za-z0-9_-]{0,60}",
+            "tk3:[A-Za-z0-9_:+/= -]{0,26}:[0-9]:[rb]?[A-Za-z0-9_-]{0,60}",
         ],
     ) {
-        if let Ok(map) = decode(base, &text) {
-            well_formed(base, &map);
+        if let Ok(c) = decode_committed(base, &text) {
+            well_formed(base, &c.handled);
+            prop_assert!(c.topic_id.is_none_or(valid_topic_id));
+            prop_assert_eq!(c.topic_id.is_some(), text.starts_with("tk3:"));
         }
     }
 
@@ -291,11 +441,16 @@ proptest! {
             ".*",
             "tk[12]:[0-9]{1,2}:[-0-9,]{0,40}",
             "tk2:[0-9]:[rb][A-Za-z0-9_-]{0,60}",
+            "tk3:[A-Za-z0-9_:-]{0,24}:[0-9]:[rb]?[A-Za-z0-9_-]{0,60}",
         ],
     ) {
         crate::fuzz::commit_metadata(base, &text);
         let valid = encode(base.max(0), &[1, 3, 2, 5], 100).0;
         crate::fuzz::commit_metadata(base.max(0), &valid);
+        let valid = encode_with_id(Some(KAFKA_ID), base.max(0), &[1, 3, 2, 5], 100).0;
+        crate::fuzz::commit_metadata(base.max(0), &valid);
+        let empty = encode_with_id(Some(KAFKA_ID), base.max(0), &[], 100).0;
+        crate::fuzz::commit_metadata(base.max(0), &empty);
     }
 
     /// Bytes that are any payload at all, under a well-formed header.

@@ -7,7 +7,8 @@
 //! consumer (a transaction marker, an aborted record, an offset removed by compaction).
 //!
 //! Offsets handled above the commit offset (keys run in parallel, so later offsets can finish
-//! first) travel in the commit's metadata ([`offset_codec`], `tk2:<commit offset>:<runs>`).
+//! first) travel in the commit's metadata ([`offset_codec`], `tk3:<topic id>:<commit
+//! offset>:<runs>`, or `tk2:<commit offset>:<runs>` where the cluster has no topic ids).
 //! After a restart or a rebalance the next owner reads them back and does not dispatch those
 //! messages again. The rule the map is built by extends the commit offset's own: above the
 //! commit offset, an offset below the consumer's position counts as handled unless it is
@@ -25,6 +26,7 @@
 
 use std::cell::Cell;
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use crate::core::offset_codec::{self, HandledRanges, MetadataError};
 
@@ -98,6 +100,10 @@ pub struct OffsetTracker {
     maps_cut: u64,
     /// Why the previous owner's metadata was not read, if it was not.
     refused: Option<MetadataError>,
+    /// The topic id the commits name (the partition's, when known).
+    topic_id: Option<Arc<str>>,
+    /// The topic id the group's commit named when assigned, if its metadata names one.
+    committed_topic_id: Option<Arc<str>>,
 }
 
 /// The start gate's measure: the map's runs when measured, the records then in flight, and
@@ -156,6 +162,8 @@ impl OffsetTracker {
             gate: Cell::new(Gate::default()),
             maps_cut: 0,
             refused: None,
+            topic_id: None,
+            committed_topic_id: None,
         }
     }
 
@@ -178,10 +186,11 @@ impl OffsetTracker {
     pub fn from_committed_with(offset: Option<i64>, metadata: &str, limits: TrackerLimits) -> Self {
         let mut t = Self::new(limits);
         if let Some(offset) = offset.filter(|o| *o >= 0) {
-            match offset_codec::decode(offset, metadata) {
-                Ok(map) => {
-                    t.prior_len = map.len() as u64;
-                    t.prior = map.into_ranges().into();
+            match offset_codec::decode_committed(offset, metadata) {
+                Ok(c) => {
+                    t.committed_topic_id = c.topic_id.map(Arc::from);
+                    t.prior_len = c.handled.len() as u64;
+                    t.prior = c.handled.into_ranges().into();
                 }
                 Err(e) => t.refused = Some(e),
             }
@@ -199,6 +208,34 @@ impl OffsetTracker {
     /// assignment: where the log goes on.
     pub fn seen(&self) -> Option<i64> {
         self.seen
+    }
+
+    /// The partition's topic id is `topic_id` (None: not known): the commits name it.
+    pub fn set_topic_id(&mut self, topic_id: Option<Arc<str>>) {
+        if self.topic_id != topic_id {
+            self.topic_id = topic_id;
+            self.version += 1;
+            // The gate's bound counts the id: measured again.
+            self.gate.set(Gate::default());
+        }
+    }
+
+    /// The topic id the commits name.
+    pub fn topic_id(&self) -> Option<&Arc<str>> {
+        self.topic_id.as_ref()
+    }
+
+    /// The topic id the group's commit named when the partition was assigned, if its
+    /// metadata names one (the `tk3` form).
+    pub fn committed_topic_id(&self) -> Option<&Arc<str>> {
+        self.committed_topic_id.as_ref()
+    }
+
+    /// Whether the group's commit was made under another topic of the same name than the one
+    /// whose id is `topic_id` (deleted and created again; Kafka keeps a group's offsets by
+    /// name): its offset and map say nothing of this log. False when either id is unknown.
+    pub fn committed_under_other_topic(&self, topic_id: Option<&str>) -> bool {
+        matches!((self.committed_topic_id.as_deref(), topic_id), (Some(c), Some(t)) if c != t)
     }
 
     /// A message at `offset` was received.
@@ -348,10 +385,11 @@ impl OffsetTracker {
             return false;
         }
         let budget = self.limits.metadata_max_chars;
-        if offset_codec::max_len(top, None, span) <= budget {
+        let id_len = offset_codec::topic_id_len(self.topic_id.as_deref());
+        if offset_codec::max_len(top, id_len, None, span) <= budget {
             return true;
         }
-        let fits = |runs: usize| offset_codec::max_len(top, Some(runs), span) <= budget;
+        let fits = |runs: usize| offset_codec::max_len(top, id_len, Some(runs), span) <= budget;
         let g = self.gate.get();
         if g.measured && fits(g.runs + 2 * (g.in_flight + g.started + k)) {
             return true;
@@ -419,7 +457,12 @@ impl OffsetTracker {
             self.advance_next(offset);
         }
         let runs = self.runs(offset);
-        let (metadata, cut) = offset_codec::encode(offset, &runs, self.limits.metadata_max_chars);
+        let (metadata, cut) = offset_codec::encode_with_id(
+            self.topic_id.as_deref(),
+            offset,
+            &runs,
+            self.limits.metadata_max_chars,
+        );
         if cut {
             self.maps_cut += 1;
         }

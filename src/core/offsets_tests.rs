@@ -340,9 +340,12 @@ proptest! {
         budget in prop_oneof![0usize..12, 12usize..80, Just(4096)],
         max_above in prop_oneof![1usize..5, Just(1000)],
         steps in prop::collection::vec(step(), 1..1000),
+        id in prop_oneof![Just(None), Just(Some("id-7")), Just(Some("EjRWeJq83vD__________w"))],
     ) {
         let limits = TrackerLimits { max_above, metadata_max_chars: budget };
+        let id: Option<Arc<str>> = id.map(Arc::from);
         let mut t = OffsetTracker::new(limits);
+        t.set_topic_id(id.clone());
         let mut next_offset = 0i64;
         let mut waiting: Vec<i64> = Vec::new();
         let mut in_flight: Vec<i64> = Vec::new();
@@ -387,6 +390,19 @@ proptest! {
                     let Some((offset, metadata)) = committed.clone() else { continue };
                     prop_assert!(metadata.len() <= budget, "{} > {}", metadata.len(), budget);
                     prop_assert_eq!(t.maps_cut(), 0);
+                    // The id is named whenever the text naming it fits (the gate counts it).
+                    let named_id = offset_codec::decode_committed(offset, &metadata)
+                        .unwrap()
+                        .topic_id
+                        .map(str::to_owned);
+                    let header = id.as_ref().map_or(usize::MAX, |i| {
+                        "tk3:".len() + i.len() + 2 + offset.to_string().len()
+                    });
+                    if header <= budget {
+                        prop_assert_eq!(named_id.as_deref(), id.as_deref(), "{}", metadata);
+                    } else {
+                        prop_assert_eq!(named_id, None);
+                    }
                     let map = parse_metadata(offset, &metadata);
                     for &r in records.range(..offset) {
                         prop_assert!(handled.contains(&r), "{} committed, not handled", r);
@@ -397,6 +413,8 @@ proptest! {
                     if matches!(s, Step::Handover) {
                         // Runs in flight are abandoned; the next owner reads everything again.
                         let mut next = OffsetTracker::from_committed_with(Some(offset), &metadata, limits);
+                        next.set_topic_id(id.clone());
+                        prop_assert!(!next.committed_under_other_topic(id.as_deref()));
                         waiting.clear();
                         in_flight.clear();
                         for &r in records.range(offset..) {
@@ -414,6 +432,52 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn commits_name_the_topic_id_and_a_new_owner_tells_an_older_topics_commit() {
+    let mut t = OffsetTracker::from_committed(Some(10), "");
+    assert_eq!(t.committed_topic_id(), None);
+    // No id known: `tk2`, as before (and nothing for an empty map).
+    let _ = t.received(10);
+    let _ = t.received(11);
+    t.handled(11);
+    assert_eq!(t.take_new_commit(), Some((10, "tk2:10:bAQ".to_owned())));
+    // The id becomes known: the same commit offset goes out again, naming it.
+    t.set_topic_id(Some(Arc::from("new-id")));
+    assert_eq!(
+        t.take_new_commit(),
+        Some((10, "tk3:new-id:10:bAQ".to_owned()))
+    );
+    assert_eq!(t.take_new_commit(), None);
+    t.handled(10);
+    // An empty map names the id too.
+    assert_eq!(t.take_new_commit(), Some((12, "tk3:new-id:12:".to_owned())));
+
+    // A new owner reads the id its commit was made under.
+    let next = OffsetTracker::from_committed(Some(12), "tk3:new-id:12:");
+    assert_eq!(next.committed_topic_id().map(|i| &**i), Some("new-id"));
+    assert!(!next.committed_under_other_topic(Some("new-id")));
+    assert!(next.committed_under_other_topic(Some("newer-id")));
+    // Unknown now: nothing to compare.
+    assert!(!next.committed_under_other_topic(None));
+    // The older forms, foreign or malformed text, name no id.
+    for idless in [
+        "",
+        "tk2:12:bAQ",
+        "tk1:12:1",
+        "AgAAAYvHN2Nf",
+        "tk3:a b:12:",
+        "tk3:x:13:",
+    ] {
+        let t = OffsetTracker::from_committed(Some(12), idless);
+        assert_eq!(t.committed_topic_id(), None, "{idless}");
+        assert!(!t.committed_under_other_topic(Some("newer-id")), "{idless}");
+    }
+    assert!(matches!(
+        OffsetTracker::from_committed(Some(12), "tk3:a b:12:").metadata_refused(),
+        Some(MetadataError::Malformed(_))
+    ));
 }
 
 #[test]

@@ -172,16 +172,20 @@ impl<S: Shell> PartitionSet<S> {
             }),
             trigger,
             generation: self.generation,
-            topic_id: a.topic_id,
             unverified: None,
-            tracker: OffsetTracker::from_committed_with(
-                a.committed,
-                &a.metadata,
-                TrackerLimits {
-                    max_above: self.limits.max_tracked_above,
-                    metadata_max_chars: self.limits.metadata_max_chars,
-                },
-            ),
+            tracker: {
+                let mut t = OffsetTracker::from_committed_with(
+                    a.committed,
+                    &a.metadata,
+                    TrackerLimits {
+                        max_above: self.limits.max_tracked_above,
+                        metadata_max_chars: self.limits.metadata_max_chars,
+                    },
+                );
+                t.set_topic_id(a.topic_id.clone());
+                t
+            },
+            topic_id: a.topic_id,
             received_any: false,
             position_reset: false,
             awaiting_seek: false,
@@ -211,6 +215,41 @@ impl<S: Shell> PartitionSet<S> {
             }
         };
         let _ = self.index.entry(topic).or_default().insert(partition, id);
+    }
+
+    /// Whether `tp`'s group commit, as read when it was assigned, was made under another
+    /// topic of the same name than the one it reads now (its metadata names another topic id
+    /// than the partition's): the topic was deleted and created again, and a commit decided for
+    /// the old one landed on the new one (Kafka keeps a group's offsets by name). Returns the
+    /// two ids (the commit's, the partition's).
+    pub fn committed_under_other_topic(&self, tp: &TopicPartition) -> Option<(Arc<str>, Arc<str>)> {
+        let p = self.by_tp(tp)?;
+        let now = p.topic_id.as_ref()?;
+        if !p.tracker.committed_under_other_topic(Some(now)) {
+            return None;
+        }
+        Some((Arc::clone(p.tracker.committed_topic_id()?), Arc::clone(now)))
+    }
+
+    /// The partition `tp` was assigned with a commit made under another topic of the same
+    /// name ([`Self::committed_under_other_topic`]): its offset and map say nothing of this
+    /// log, which is read from where `auto.offset.reset` says, as a topic created again while
+    /// owned is ([`Self::restart_log`]; the consumer must move it). Returns whether it did.
+    pub fn restart_stale_commit(&mut self, tp: &TopicPartition) -> bool {
+        if self.committed_under_other_topic(tp).is_none() {
+            return false;
+        }
+        let Some(id) = self.id_of(&tp.topic, tp.partition) else {
+            return false;
+        };
+        let topic_id = self.get(id).and_then(|p| p.topic_id.clone());
+        let Some(id) = self.restart_log(id, topic_id) else {
+            return false;
+        };
+        if let Some(p) = self.slots[id.0 as usize].as_mut() {
+            p.awaiting_seek = true;
+        }
+        true
     }
 
     /// The partition in slot `id` reads a log other than the one its bookkeeping describes
@@ -273,10 +312,13 @@ impl<S: Shell> PartitionSet<S> {
                 true
             }
             // The same log: its position moved back within it, or the hint was for another
-            // topic. With no id to compare (none read at assignment), the new one is taken.
+            // topic. With no id to compare (none read at assignment), the new one is taken;
+            // but a group commit naming another id was made under an older topic of the
+            // same name: the partition starts again from where auto.offset.reset says.
             (None, Some(_)) => {
-                p.topic_id = topic_id;
-                false
+                p.topic_id = topic_id.clone();
+                p.tracker.set_topic_id(topic_id);
+                self.restart_stale_commit(tp)
             }
             _ => false,
         }

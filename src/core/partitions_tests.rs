@@ -426,7 +426,8 @@ fn an_already_accepted_message_is_not_queued_and_a_move_back_starts_the_partitio
     for x in st {
         finish(&mut s, x, true);
     }
-    assert_eq!(commits(&mut s), vec![(0, 11, String::new())]);
+    // The commit names the topic's id, now known.
+    assert_eq!(commits(&mut s), vec![(0, 11, "tk3:id-1:11:".to_owned())]);
     assert!(matches!(s.on_message(msg(0, 11, "b")), Arrival::Queued(_)));
     // Another id for the topic now: it was created again, and the partition restarts.
     assert!(!s.verify_topic_id(&tp(0), Some("id-1".into())));
@@ -451,7 +452,7 @@ fn an_already_accepted_message_is_not_queued_and_a_move_back_starts_the_partitio
     for x in st {
         finish(&mut s, x, true);
     }
-    assert_eq!(commits(&mut s), vec![(0, 1, String::new())]);
+    assert_eq!(commits(&mut s), vec![(0, 1, "tk3:id-2:1:".to_owned())]);
 }
 
 #[test]
@@ -496,7 +497,7 @@ fn a_position_behind_what_was_read_with_no_message_starts_the_partition_afresh()
     assert_eq!(s.unverified().collect::<Vec<_>>(), vec![&tp(0)]);
     assert!(commits(&mut s).is_empty());
     assert!(!s.verify_topic_id(&tp(0), Some("id-1".into())));
-    assert_eq!(commits(&mut s), vec![(0, 1, String::new())]);
+    assert_eq!(commits(&mut s), vec![(0, 1, "tk3:id-1:1:".to_owned())]);
     // And the log goes on from there.
     assert!(matches!(s.on_message(msg(0, 1, "b")), Arrival::Queued(_)));
 }
@@ -965,4 +966,105 @@ fn a_partition_whose_commit_map_would_outgrow_its_budget_runs_only_the_record_at
     }
     assert!(resumed);
     assert_eq!(commits(&mut s), vec![(0, 200, String::new())]);
+}
+
+#[test]
+fn a_commit_made_under_an_older_topic_of_the_same_name_is_read_anew() {
+    let mut s = set(100, 1 << 20);
+    let with_id = |metadata: &str, id: Option<&str>| AssignedPartition {
+        topic_id: id.map(Arc::from),
+        ..assigned(0, Some(50), metadata)
+    };
+    // The commit names the topic's own id: read as today.
+    s.assign(
+        with_id("tk3:id-2:50:bAQ", Some("id-2")),
+        trigger(4, Ordering::Key),
+        Instant::now(),
+    );
+    assert!(s.committed_under_other_topic(&tp(0)).is_none());
+    assert!(!s.restart_stale_commit(&tp(0)));
+    assert_eq!(s.by_tp(&tp(0)).unwrap().tracker.stored_offset(), Some(50));
+    // No id in the commit, or none known for the topic: as today.
+    for (metadata, id) in [
+        ("tk2:50:bAQ", Some("id-2")),
+        ("", Some("id-2")),
+        ("tk3:id-1:50:", None),
+    ] {
+        s.assign(
+            with_id(metadata, id),
+            trigger(4, Ordering::Key),
+            Instant::now(),
+        );
+        assert!(!s.restart_stale_commit(&tp(0)), "{metadata}");
+        assert_eq!(s.by_tp(&tp(0)).unwrap().tracker.stored_offset(), Some(50));
+    }
+    // Another id: the commit is an older topic's. The partition starts with nothing
+    // committed, takes nothing until the consumer moved, then reads the log from there.
+    s.assign(
+        with_id("tk3:id-1:50:bAQ", Some("id-2")),
+        trigger(4, Ordering::Key),
+        Instant::now(),
+    );
+    assert_eq!(
+        s.committed_under_other_topic(&tp(0)),
+        Some((Arc::from("id-1"), Arc::from("id-2")))
+    );
+    assert!(s.restart_stale_commit(&tp(0)));
+    assert!(s.committed_under_other_topic(&tp(0)).is_none());
+    let p = s.by_tp(&tp(0)).unwrap();
+    assert_eq!(p.tracker.stored_offset(), None);
+    assert_eq!(p.topic_id.as_deref(), Some("id-2"));
+    assert!(matches!(
+        s.on_message(msg(0, 50, "a")),
+        Arrival::BeforeSeek(_)
+    ));
+    s.on_sought(&tp(0));
+    for (o, key) in [(0, "a"), (1, "b"), (2, "c")] {
+        assert!(
+            matches!(s.on_message(msg(0, o, key)), Arrival::Queued(_)),
+            "{o}"
+        );
+    }
+    for x in process(&mut s).starts {
+        finish(&mut s, x, true);
+    }
+    // Its commits follow the new log, naming the new id.
+    assert_eq!(commits(&mut s), vec![(0, 3, "tk3:id-2:3:".to_owned())]);
+}
+
+#[test]
+fn a_topic_id_read_after_the_assignment_finds_an_older_topics_commit() {
+    let mut s = set(100, 1 << 20);
+    // The ids could not be read at the assignment.
+    s.assign(
+        assigned(0, Some(50), "tk3:id-1:50:"),
+        trigger(4, Ordering::Key),
+        Instant::now(),
+    );
+    assert!(s.committed_under_other_topic(&tp(0)).is_none());
+    assert!(matches!(s.on_message(msg(0, 50, "a")), Arrival::Queued(_)));
+    // The same id: nothing changes.
+    let mut same = set(100, 1 << 20);
+    same.assign(
+        assigned(0, Some(50), "tk3:id-1:50:"),
+        trigger(4, Ordering::Key),
+        Instant::now(),
+    );
+    assert!(!same.verify_topic_id(&tp(0), Some("id-1".into())));
+    assert_eq!(
+        same.by_tp(&tp(0)).unwrap().tracker.stored_offset(),
+        Some(50)
+    );
+    // Another: the partition restarts, and the consumer is to move.
+    assert!(s.verify_topic_id(&tp(0), Some("id-2".into())));
+    let p = s.by_tp(&tp(0)).unwrap();
+    assert_eq!(p.tracker.stored_offset(), None);
+    assert_eq!(p.topic_id.as_deref(), Some("id-2"));
+    assert!(matches!(
+        s.on_message(msg(0, 51, "b")),
+        Arrival::BeforeSeek(_)
+    ));
+    // Read again with the same id later: nothing more.
+    s.on_sought(&tp(0));
+    assert!(!s.verify_topic_id(&tp(0), Some("id-2".into())));
 }

@@ -193,7 +193,7 @@ fn a_handover_with_a_full_gap_drains() {
     assert_eq!(sim.owner[0], Some(1), "the revoke ended");
     sim.parked.clear();
     assert!(
-        sim.committed[0].1.starts_with("tk2:0:"),
+        sim.committed[0].1.starts_with("tk3:id-0:0:"),
         "{:?}",
         sim.committed[0]
     );
@@ -418,6 +418,10 @@ fn dense_gaps_fill_the_commit_metadata_and_new_owners_meet_foreign_metadata() {
         "metadata: another form",
         "metadata: another offset",
         "metadata: too long",
+        "metadata: the tk2 form",
+        "metadata: an older topic's id",
+        "metadata: a malformed topic id",
+        "metadata: a commit of an older topic, read anew",
     ] {
         assert!(
             seen.get(want).is_some_and(|n| *n > 0),

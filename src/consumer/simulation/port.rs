@@ -159,6 +159,9 @@ struct State {
     stale_after_revoke: bool,
     /// A broken librdkafka, for the liveness check's non-vacuity test: a resume is ignored.
     never_resumes: bool,
+    /// The topic was deleted and librdkafka has not noticed yet: its fetches fail (it
+    /// fetches by topic id), nothing new is queued, and it has not hinted yet.
+    deleted: bool,
 }
 
 /// One member's simulated consumer (a handle: its clones are the same consumer).
@@ -199,6 +202,7 @@ impl SimPort {
                 panic_next: false,
                 stale_after_revoke: false,
                 never_resumes: false,
+                deleted: false,
             })),
             events,
             trace: Arc::default(),
@@ -269,6 +273,7 @@ impl SimPort {
         let ends: Vec<i64> = self.cluster().logs.iter().map(|l| l.len() as i64).collect();
         let mut s = self.state();
         s.identity_hint = true;
+        s.deleted = false;
         for (p, part) in &mut s.parts {
             if part.fetch_next > ends[*p as usize] {
                 part.fetch_next = 0;
@@ -300,6 +305,16 @@ impl SimPort {
         self.note(format_args!("log truncated"));
     }
 
+    /// The cluster deleted the topic (and created it again) before librdkafka noticed: until
+    /// [`Self::topic_recreated`] (its next fetch, within `fetch.wait.max.ms`) no fetch
+    /// succeeds and no hint is given, while what was queued is still delivered and the
+    /// shell's commits of the old log's progress land on the new topic (Kafka keeps a
+    /// group's offsets by topic name). An assignment meanwhile starts at the group's commit.
+    pub(crate) fn topic_deleted(&self) {
+        self.state().deleted = true;
+        self.note(format_args!("topic deleted, not noticed yet"));
+    }
+
     /// The partitions assigned now.
     pub(crate) fn assigned(&self) -> Vec<i32> {
         self.state().parts.keys().copied().collect()
@@ -310,11 +325,22 @@ impl SimPort {
         self.state().awaiting_ack.is_some()
     }
 
+    /// Whether every rebalance given to the member was served and acknowledged.
+    pub(crate) fn rebalanced(&self) -> bool {
+        let s = self.state();
+        s.awaiting_ack.is_none() && (s.rebalances_due.is_empty() || s.closing)
+    }
+
+    /// Whether the application closed the consumer (it left the group).
+    pub(crate) fn closed(&self) -> bool {
+        self.state().closing
+    }
+
     /// One turn of the fetcher: some unpaused partitions get some of their next entries.
     pub(crate) fn fetch(&self) {
         let cluster = self.cluster();
         let mut s = self.state();
-        if s.awaiting_ack.is_some() {
+        if s.awaiting_ack.is_some() || s.deleted {
             return;
         }
         let was_empty = s.queue.is_empty();

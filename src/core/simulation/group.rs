@@ -69,11 +69,28 @@ impl Sim {
                 self.world.incarnation[part as usize],
             )),
         };
-        member.core.on_assigned(now, vec![(assigned, slot)]);
+        let stale = member.core.on_assigned(now, vec![(assigned, slot)]);
         // The consumer starts at the commit, or the beginning.
         let _ = member.fetch.insert(part, (committed.unwrap_or(0), false));
         // librdkafka reports no position until it fetched.
         member.core.on_position(&Self::tp(part), None);
+        if !stale.is_empty() {
+            // The commit names an older topic's id: the shell moves the consumer to where
+            // auto.offset.reset says (the beginning), and what was accepted below the commit
+            // runs again; the commit follows the log from there.
+            self.saw("metadata: a commit of an older topic, read anew");
+            let again = self
+                .accepted
+                .iter()
+                .filter(|(p, o)| *p == part && *o < offset)
+                .count();
+            self.repeat_bound += again as u64;
+            self.world.lower_commit_ok[part as usize] = true;
+            let member = &mut self.members[m];
+            let _ = member.fetch.insert(part, (0, false));
+            member.core.on_sought(&Self::tp(part));
+            member.core.on_position(&Self::tp(part), None);
+        }
     }
 
     /// Member `m` released `partitions` (its revoke finished): under KIP-848 it moves to a

@@ -1,6 +1,6 @@
 #![no_main]
-//! Commit metadata (`tk2:<offset>:<runs>`, or the older `tk1:<offset>:<ranges>`) as another
-//! member, or anyone, may have written it.
+//! Commit metadata (`tk3:<topic id>:<offset>:<runs>`, or the older `tk2:<offset>:<runs>` and
+//! `tk1:<offset>:<ranges>`) as another member, or anyone, may have written it.
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: (i64, &str)| {

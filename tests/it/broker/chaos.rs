@@ -11,7 +11,7 @@
 //!   bound is generous to the killed one.
 //!
 //! Per kill it prints the runs in flight, those accepted in the last 100 ms, the accepted runs
-//! the group's commits (offset and `tk2` metadata, read once the killed replica's requests are
+//! the group's commits (offset and `tk3` metadata, read once the killed replica's requests are
 //! answered) did not cover, and the repeats that arrived after that kill and before the next.
 //!
 //! Four variants: the classic protocol with eager assignment (`range`, like the default

@@ -49,7 +49,8 @@ async fn a_new_owner_of_a_full_gap_drains_the_partition_once_the_dispatcher_reco
         Duration::from_secs(30),
         || {
             let c = committed_with_metadata(&group, &topic, 1);
-            (c[0].0 == 0 && c[0].1.starts_with("tk2:0:")).then_some(())
+            // `tk3:<topic id>:0:<runs>` (`tk2:0:<runs>` on a cluster without topic ids).
+            (c[0].0 == 0 && !parse_metadata(0, &c[0].1).is_empty()).then_some(())
         },
     )
     .await;

@@ -471,7 +471,7 @@ async fn sigkill_loses_nothing_and_repeats_only_what_no_commit_covered() {
 /// commits are sent every 10 ms, so this leaves a loaded machine's round trips a wide margin.
 const RECENT_AT_A_CRASH: Duration = Duration::from_secs(2);
 
-/// Runs the dispatcher accepted that the group's commits (offset and `tk2` metadata) do not
+/// Runs the dispatcher accepted that the group's commits (offset and `tk3` metadata) do not
 /// cover, by idempotency key, with when each was accepted.
 pub(super) fn accepted_not_covered(
     d: &tessel_kafka::cli::dev_dispatcher::DevDispatcher,

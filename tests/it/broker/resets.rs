@@ -331,3 +331,78 @@ async fn commit_metadata_that_is_not_utf8_is_ignored_and_the_partition_runs() {
     .await;
     connector.stop().await;
 }
+
+/// The topic's id, as the connector reads it (Kafka's text of it).
+fn topic_id(topic: &str) -> String {
+    let consumer: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &stack().bootstrap)
+        .create()
+        .expect("consumer");
+    let ids = tessel_kafka::consumer::topic_ids(
+        rdkafka::consumer::Consumer::client(&consumer),
+        &[topic.to_owned()],
+        Duration::from_secs(10),
+    )
+    .expect("topic ids");
+    ids.get(topic)
+        .cloned()
+        .flatten()
+        .unwrap_or_else(|| panic!("the cluster gives {topic} no id: {ids:?}"))
+}
+
+/// 20 records, and the group's commit at 10 with `tk3` metadata naming `id` (the topic's own,
+/// or an older topic's of the same name, as a commit decided for a topic before it was
+/// deleted and created again would have). Returns the values run once the commit reached the
+/// end, and the metadata it was committed with.
+async fn commit_under_topic_id(prefix: &str, older: bool) -> (String, BTreeSet<i64>, String) {
+    let topic = unique(prefix);
+    let group = unique(&format!("{prefix}-group"));
+    create_topic(&topic, 1).await;
+    produce_keyed(&topic, 0, 20, 4).await;
+    let own = topic_id(&topic);
+    // Another 16-byte id in Kafka's text (URL-safe Base64, unpadded).
+    let other = if own == "AAAAAAAAAAAAAAAAAAAAAQ" {
+        "AAAAAAAAAAAAAAAAAAAAAg"
+    } else {
+        "AAAAAAAAAAAAAAAAAAAAAQ"
+    };
+    let named = if older { other.to_owned() } else { own.clone() };
+    commit_raw_metadata(&group, &topic, 10, format!("tk3:{named}:10:").as_bytes());
+    let d = dispatcher(Faults::default()).await;
+    let connector = Connector::start(&connection_toml(&group, &topic, &d.url(), ""));
+    let want: BTreeSet<i64> = (if older { 0 } else { 10 }..20).collect();
+    wait_for("the records run", Duration::from_secs(60), || {
+        let ran: BTreeSet<i64> = accepted_values(&d).into_iter().collect();
+        want.is_subset(&ran).then_some(())
+    })
+    .await;
+    let metadata = wait_for("the commit at the end", Duration::from_secs(30), || {
+        let c = super::committed_with_metadata(&group, &topic, 1);
+        (c[0].0 == 20).then(|| c[0].1.clone())
+    })
+    .await;
+    connector.stop().await;
+    let ran = accepted_values(&d).into_iter().collect();
+    (own, ran, metadata)
+}
+
+/// A group commit whose metadata names another topic id than the topic's was made under an
+/// older topic of the same name (deleted and created again; Kafka keeps a group's offsets by
+/// name): its offset says nothing of this log, and every record of it runs, from where
+/// `auto.offset.reset` says (the beginning). The connector's own commit then names the
+/// topic's id.
+#[tokio::test]
+async fn a_commit_made_under_an_older_topic_id_runs_every_record_of_the_topic() {
+    let (own, ran, metadata) = commit_under_topic_id("older-id", true).await;
+    assert_eq!(ran, (0..20).collect::<BTreeSet<i64>>());
+    assert_eq!(metadata, format!("tk3:{own}:20:"));
+}
+
+/// The converse: a commit naming the topic's own id is the topic's, and the records below
+/// it do not run.
+#[tokio::test]
+async fn a_commit_made_under_the_topics_own_id_starts_at_the_committed_offset() {
+    let (own, ran, metadata) = commit_under_topic_id("own-id", false).await;
+    assert_eq!(ran, (10..20).collect::<BTreeSet<i64>>());
+    assert_eq!(metadata, format!("tk3:{own}:20:"));
+}
