@@ -385,9 +385,30 @@ pub(crate) struct FlowQueue {
 #[derive(Default)]
 struct FlowInner {
     cmds: std::sync::Mutex<Vec<FlowCmd>>,
-    /// Set while `cmds` is not empty: checked before every poll without the lock.
+    /// Set while `cmds` is not empty, or a failed seek waits to be tried again: checked
+    /// before every poll without the lock.
     pending: AtomicBool,
+    /// Seeks that failed (librdkafka's timed out waiting for the fetcher, or the partition
+    /// could not move then), to try again: the partition, where to, the attempts so far and
+    /// when the next may be made. Until one succeeds the partition is not said to have
+    /// moved, so the core keeps dropping what arrives for it.
+    retries: std::sync::Mutex<Vec<SeekRetry>>,
 }
+
+/// A failed seek to try again.
+struct SeekRetry {
+    tp: TopicPartition,
+    to: Offset,
+    attempts: u32,
+    due: Instant,
+}
+
+/// Attempts of a seek before it is given up (the partition then stays held, and reported
+/// stalled, until its next assignment).
+const SEEK_ATTEMPTS: u32 = 20;
+
+/// The wait before a failed seek's next attempt, times its attempts so far.
+const SEEK_RETRY_STEP: Duration = Duration::from_millis(250);
 
 impl FlowQueue {
     /// Queues `cmd` after those queued before; the caller wakes the poll thread.
@@ -411,29 +432,61 @@ impl FlowQueue {
         if !self.inner.pending.load(Ordering::Acquire) {
             return Vec::new();
         }
+        let mut retries = lock(&self.inner.retries);
         let cmds = {
-            let mut cmds = self
-                .inner
-                .cmds
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.inner.pending.store(false, Ordering::Release);
+            let mut cmds = lock(&self.inner.cmds);
+            self.inner
+                .pending
+                .store(!retries.is_empty(), Ordering::Release);
             std::mem::take(&mut *cmds)
         };
         let mut sought = Vec::new();
+        let now = Instant::now();
+        let (due, later): (Vec<SeekRetry>, Vec<SeekRetry>) = std::mem::take(&mut *retries)
+            .into_iter()
+            .partition(|r| r.due <= now);
+        *retries = later;
+        let mut seek = |tp: TopicPartition, to: Offset, attempts: u32| {
+            // A seek that failed may not have moved the position: the partition is said to
+            // have moved only once one succeeds, and until then the core takes nothing of
+            // it (records read from the old position would run as the new log's first).
+            let Err(e) = consumer.seek(&tp, to, SEEK_TIMEOUT) else {
+                sought.push(tp);
+                return;
+            };
+            let attempts = attempts + 1;
+            if attempts >= SEEK_ATTEMPTS {
+                tracing::error!(connection, topic = %tp.topic, partition = tp.partition, error = %e, attempts,
+                    "cannot move the partition's position: given up; the partition takes nothing until it is assigned again");
+                return;
+            }
+            tracing::warn!(connection, topic = %tp.topic, partition = tp.partition, error = %e, attempts, "cannot move the partition's position; trying again");
+            retries.push(SeekRetry {
+                tp,
+                to,
+                attempts,
+                due: now + SEEK_RETRY_STEP * attempts,
+            });
+        };
+        for r in due {
+            seek(r.tp, r.to, r.attempts);
+        }
         for cmd in cmds {
             match cmd {
                 FlowCmd::Flow(op) => apply_flow(connection, consumer, op),
-                FlowCmd::Seek(tp, offset) => {
-                    if let Err(e) = consumer.seek(&tp, offset, SEEK_TIMEOUT) {
-                        tracing::warn!(connection, topic = %tp.topic, partition = tp.partition, error = %e, "cannot move the partition's position");
-                    }
-                    sought.push(tp);
-                }
+                FlowCmd::Seek(tp, to) => seek(tp, to, 0),
             }
+        }
+        if !retries.is_empty() {
+            self.inner.pending.store(true, Ordering::Release);
         }
         sought
     }
+}
+
+/// Locks `m`, whatever a panic left in it.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Pauses or resumes `op`'s partitions now, on this thread.

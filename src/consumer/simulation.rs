@@ -99,6 +99,8 @@ struct MoreFaults {
     foreign: Option<usize>,
     /// Members of the group, each its own connection (1 to 3).
     members: usize,
+    /// Percent of the consumers' seeks that fail unapplied.
+    seek_refusals: u64,
 }
 
 /// Commit metadata no owner may read as handled offsets of a commit at 0.
@@ -134,6 +136,11 @@ impl MoreFaults {
                 2 + rng.below(2) as usize
             } else {
                 1
+            },
+            seek_refusals: if rng.chance(30) {
+                20 + rng.below(60)
+            } else {
+                0
             },
         }
     }
@@ -330,6 +337,7 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
     // one, a new member of the group.
     let ports: Vec<Arc<Mutex<Vec<SimPort>>>> =
         (0..shape.more.members).map(|_| Arc::default()).collect();
+    let seek_refusals = shape.more.seek_refusals;
     let supervisor = {
         let cluster = Arc::clone(&cluster);
         move |ports: &Arc<Mutex<Vec<SimPort>>>, port_seed: u64| {
@@ -340,7 +348,8 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
                 HealthRegistry::default(),
                 &SharedClients::default(),
                 move |events| {
-                    let port = SimPort::new(cluster, port_seed, events);
+                    let port =
+                        SimPort::new(cluster, port_seed, events).with_seek_refusals(seek_refusals);
                     let port = match broken {
                         Some(Broken::StaleQueueAfterRevoke) => port.with_stale_queue_after_revoke(),
                         Some(Broken::NeverResumes) => port.with_resumes_ignored(),
@@ -885,7 +894,11 @@ mod tests {
     /// Seeds that failed before a fix, run every time:
     /// - 10: records read before the move to a recreated topic's beginning ran as the new
     ///   log's first, and its commit passed records of the new log never read (the core now
-    ///   drops what arrives before the poll task says it moved);
+    ///   drops what arrives before the poll task says it moved). With seeks that fail
+    ///   drawn too, it failed again ("3 records never ran, first …sim-id-2:1:0"): a failed
+    ///   seek was said to have moved the partition, which then read on from the old
+    ///   position (the poll task now tries a failed seek again and says nothing until one
+    ///   succeeds);
     /// - 260: librdkafka's hint with no record after it (the new log ends at the old
     ///   position) was taken only by the periodic check, after a commit of the old log's
     ///   progress landed on the new topic (the hint is now taken before every commit

@@ -159,6 +159,9 @@ struct State {
     stale_after_revoke: bool,
     /// A broken librdkafka, for the liveness check's non-vacuity test: a resume is ignored.
     never_resumes: bool,
+    /// Percent of seeks that fail unapplied (librdkafka's seek timed out waiting for the
+    /// partition's fetcher, or the partition was not in a state to move).
+    seek_refusals: u64,
     /// The topic was deleted and librdkafka has not noticed yet: its fetches fail (it
     /// fetches by topic id), nothing new is queued, and it has not hinted yet.
     deleted: bool,
@@ -202,6 +205,7 @@ impl SimPort {
                 panic_next: false,
                 stale_after_revoke: false,
                 never_resumes: false,
+                seek_refusals: 0,
                 deleted: false,
             })),
             events,
@@ -241,6 +245,12 @@ impl SimPort {
     /// `the_liveness_check_catches_a_consumer_that_never_resumes`).
     pub(crate) fn with_resumes_ignored(self) -> Self {
         self.state().never_resumes = true;
+        self
+    }
+
+    /// This consumer's seeks fail unapplied `percent` of the time.
+    pub(crate) fn with_seek_refusals(self, percent: u64) -> Self {
+        self.state().seek_refusals = percent;
         self
     }
 
@@ -657,6 +667,11 @@ impl KafkaPort for SimPort {
 
     fn seek(&self, tp: &TopicPartition, to: Offset, _timeout: Duration) -> Result<(), KafkaError> {
         let mut s = self.state();
+        let percent = s.seek_refusals;
+        if percent > 0 && s.rng.chance(percent) {
+            self.note(format_args!("seek {} {to:?} fails", tp.partition));
+            return Err(KafkaError::Seek("Local: Timed out".to_owned()));
+        }
         self.note(format_args!("seek {} {to:?}", tp.partition));
         {
             let mut cluster = self.cluster();
