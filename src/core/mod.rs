@@ -260,16 +260,13 @@ impl<S: Shell> Core<S> {
         for (a, trigger) in assigned {
             let tp = a.tp.clone();
             self.partitions.assign(a, trigger, now);
-            if let Some((committed_id, topic_id)) = self.partitions.committed_under_other_topic(&tp)
-            {
-                if self.partitions.restart_stale_commit(&tp) {
-                    self.committer.forget(&tp);
-                    stale.push(StaleCommit {
-                        tp,
-                        committed_id,
-                        topic_id,
-                    });
-                }
+            if let Some((committed_id, topic_id)) = self.partitions.restart_stale_commit(&tp) {
+                self.committer.forget(&tp);
+                stale.push(StaleCommit {
+                    tp,
+                    committed_id,
+                    topic_id,
+                });
             }
         }
         stale
@@ -649,6 +646,16 @@ mod tests {
         )
     }
 
+    /// The slot of a trigger that keeps key order.
+    fn key_slot(trigger: &TestTrigger) -> TriggerSlot<TestShell> {
+        TriggerSlot {
+            index: 0,
+            ordering: Ordering::Key,
+            runtime: trigger.clone(),
+            batch: None,
+        }
+    }
+
     /// `core` with partitions 0 and 1 assigned (nothing committed yet).
     fn assigned(now: Instant) -> Core<TestShell> {
         let mut c = core();
@@ -661,13 +668,7 @@ mod tests {
                     metadata: String::new(),
                     topic_id: None,
                 };
-                let slot = TriggerSlot {
-                    index: 0,
-                    ordering: Ordering::Key,
-                    runtime: trigger.clone(),
-                    batch: None,
-                };
-                (a, slot)
+                (a, key_slot(&trigger))
             })
             .collect();
         c.on_assigned(now, slots);
@@ -688,13 +689,7 @@ mod tests {
                     metadata: metadata.to_owned(),
                     topic_id: Some("new".into()),
                 };
-                let slot = TriggerSlot {
-                    index: 0,
-                    ordering: Ordering::Key,
-                    runtime: trigger.clone(),
-                    batch: None,
-                };
-                (a, slot)
+                (a, key_slot(&trigger))
             })
             .collect();
         let stale = c.on_assigned(now, slots);

@@ -234,22 +234,35 @@ impl<S: Shell> PartitionSet<S> {
     /// The partition `tp` was assigned with a commit made under another topic of the same
     /// name ([`Self::committed_under_other_topic`]): its offset and map say nothing of this
     /// log, which is read from where `auto.offset.reset` says, as a topic created again while
-    /// owned is ([`Self::restart_log`]; the consumer must move it). Returns whether it did.
-    pub fn restart_stale_commit(&mut self, tp: &TopicPartition) -> bool {
-        if self.committed_under_other_topic(tp).is_none() {
-            return false;
-        }
-        let Some(id) = self.id_of(&tp.topic, tp.partition) else {
-            return false;
-        };
-        let topic_id = self.get(id).and_then(|p| p.topic_id.clone());
-        let Some(id) = self.restart_log(id, topic_id) else {
-            return false;
-        };
-        if let Some(p) = self.slots[id.0 as usize].as_mut() {
-            p.awaiting_seek = true;
-        }
-        true
+    /// owned is ([`Self::restart_log`]; the consumer must move it). Returns the two ids
+    /// (the commit's, the partition's) if it did.
+    pub fn restart_stale_commit(&mut self, tp: &TopicPartition) -> Option<(Arc<str>, Arc<str>)> {
+        let ids = self.committed_under_other_topic(tp)?;
+        let id = self.id_of(&tp.topic, tp.partition)?;
+        self.restart_to_seek(id, Some(Arc::clone(&ids.1)))?;
+        Some(ids)
+    }
+
+    /// [`Self::restart_log`] for a log the consumer must first move to where
+    /// `auto.offset.reset` says: what arrives before the move is dropped.
+    fn restart_to_seek(
+        &mut self,
+        id: PartitionId,
+        topic_id: Option<Arc<str>>,
+    ) -> Option<PartitionId> {
+        let id = self.restart_log(id, topic_id)?;
+        self.slots[id.0 as usize].as_mut()?.awaiting_seek = true;
+        Some(id)
+    }
+
+    /// [`Self::restart_log`] for a partition whose position moved back: the log read now may
+    /// be another topic's of the same name (deleted and created again), so nothing of it runs
+    /// until its topic's id is read again.
+    fn restart_moved_back(&mut self, id: PartitionId) -> Option<PartitionId> {
+        let topic_id = self.get(id)?.topic_id.clone();
+        let id = self.restart_log(id, topic_id)?;
+        self.slots[id.0 as usize].as_mut()?.unverified = Some(Unverified::MovedBack);
+        Some(id)
     }
 
     /// The partition in slot `id` reads a log other than the one its bookkeeping describes
@@ -304,11 +317,7 @@ impl<S: Shell> PartitionSet<S> {
             // was assigned): what it holds, even from a position that moved back since, may
             // be an older log's. It starts again, read from where auto.offset.reset says.
             (Some(old), Some(new)) if old != new => {
-                if let Some(id) = self.restart_log(id, topic_id) {
-                    if let Some(p) = self.slots[id.0 as usize].as_mut() {
-                        p.awaiting_seek = true;
-                    }
-                }
+                let _ = self.restart_to_seek(id, topic_id);
                 true
             }
             // The same log: its position moved back within it, or the hint was for another
@@ -318,7 +327,7 @@ impl<S: Shell> PartitionSet<S> {
             (None, Some(_)) => {
                 p.topic_id = topic_id.clone();
                 p.tracker.set_topic_id(topic_id);
-                self.restart_stale_commit(tp)
+                self.restart_stale_commit(tp).is_some()
             }
             _ => false,
         }
@@ -363,16 +372,11 @@ impl<S: Shell> PartitionSet<S> {
                 return Arrival::AlreadyAccepted(id);
             }
             Received::MovedBack { expected } => {
-                let topic_id = p.topic_id.clone();
                 let offset = msg.offset();
-                let Some(id) = self.restart_log(id, topic_id) else {
+                // Its records must not run under the old topic's idempotency keys.
+                let Some(id) = self.restart_moved_back(id) else {
                     return Arrival::NotAssigned(msg);
                 };
-                // The log may be another topic's of the same name (deleted and created
-                // again): its records must not run under the old topic's idempotency keys.
-                if let Some(p) = self.slots[id.0 as usize].as_mut() {
-                    p.unverified = Some(Unverified::MovedBack);
-                }
                 let _ = self.on_message(msg);
                 return Arrival::MovedBack {
                     id,
@@ -443,10 +447,8 @@ impl<S: Shell> PartitionSet<S> {
         // that arrives behind it (`Received::MovedBack`): the commit may go back to it, and
         // the log is identified first.
         if let Some(expected) = p.tracker.seen().filter(|s| o < *s) {
-            let topic_id = p.topic_id.clone();
-            let id = self.restart_log(id, topic_id)?;
+            let id = self.restart_moved_back(id)?;
             let p = self.slots[id.0 as usize].as_mut()?;
-            p.unverified = Some(Unverified::MovedBack);
             p.position_reset = true;
             p.tracker.position(o);
             Self::mark_commit_changed(&mut self.commit_pending, p, id);

@@ -982,7 +982,7 @@ fn a_commit_made_under_an_older_topic_of_the_same_name_is_read_anew() {
         Instant::now(),
     );
     assert!(s.committed_under_other_topic(&tp(0)).is_none());
-    assert!(!s.restart_stale_commit(&tp(0)));
+    assert!(s.restart_stale_commit(&tp(0)).is_none());
     assert_eq!(s.by_tp(&tp(0)).unwrap().tracker.stored_offset(), Some(50));
     // No id in the commit, or none known for the topic: as today.
     for (metadata, id) in [
@@ -995,7 +995,7 @@ fn a_commit_made_under_an_older_topic_of_the_same_name_is_read_anew() {
             trigger(4, Ordering::Key),
             Instant::now(),
         );
-        assert!(!s.restart_stale_commit(&tp(0)), "{metadata}");
+        assert!(s.restart_stale_commit(&tp(0)).is_none(), "{metadata}");
         assert_eq!(s.by_tp(&tp(0)).unwrap().tracker.stored_offset(), Some(50));
     }
     // Another id: the commit is an older topic's. The partition starts with nothing
@@ -1009,7 +1009,7 @@ fn a_commit_made_under_an_older_topic_of_the_same_name_is_read_anew() {
         s.committed_under_other_topic(&tp(0)),
         Some((Arc::from("id-1"), Arc::from("id-2")))
     );
-    assert!(s.restart_stale_commit(&tp(0)));
+    assert!(s.restart_stale_commit(&tp(0)).is_some());
     assert!(s.committed_under_other_topic(&tp(0)).is_none());
     let p = s.by_tp(&tp(0)).unwrap();
     assert_eq!(p.tracker.stored_offset(), None);
