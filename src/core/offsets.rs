@@ -96,6 +96,14 @@ pub struct OffsetTracker {
     version: u64,
     /// The start gate's last measure of the map (see [`OffsetTracker::map_fits`]).
     gate: Cell<Gate>,
+    /// Changes whenever `gate` does.
+    gate_epoch: Cell<u64>,
+    /// The last answer of [`OffsetTracker::map_fits`] and what it was asked under: the core
+    /// asks it several times per partition visit, mostly of an unchanged tracker.
+    fits_memo: Cell<Option<(FitsQuestion, bool)>>,
+    /// What naming `topic_id` adds to the metadata's length
+    /// ([`offset_codec::topic_id_len`]), kept with it.
+    id_len: usize,
     /// Maps cut to fit the budget (only a previous owner's map written under a larger one).
     maps_cut: u64,
     /// Why the previous owner's metadata was not read, if it was not.
@@ -118,6 +126,16 @@ struct Gate {
     /// A measure that did not fit, at this version and count in flight: not measured again
     /// until either changes.
     failed: Option<(u64, usize)>,
+}
+
+/// What a [`OffsetTracker::map_fits`] answer depends on: the tracker's version, the gate's
+/// epoch, the records in flight and the records to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FitsQuestion {
+    version: u64,
+    gate_epoch: u64,
+    in_flight: usize,
+    k: usize,
 }
 
 /// Whether a received message needs dispatching.
@@ -160,6 +178,9 @@ impl OffsetTracker {
             stored: None,
             version: 0,
             gate: Cell::new(Gate::default()),
+            gate_epoch: Cell::new(0),
+            fits_memo: Cell::new(None),
+            id_len: 0,
             maps_cut: 0,
             refused: None,
             topic_id: None,
@@ -213,10 +234,11 @@ impl OffsetTracker {
     /// The partition's topic id is `topic_id` (None: not known): the commits name it.
     pub fn set_topic_id(&mut self, topic_id: Option<Arc<str>>) {
         if self.topic_id != topic_id {
+            self.id_len = offset_codec::topic_id_len(topic_id.as_deref());
             self.topic_id = topic_id;
             self.version += 1;
             // The gate's bound counts the id: measured again.
-            self.gate.set(Gate::default());
+            self.set_gate(Gate::default());
         }
     }
 
@@ -372,6 +394,34 @@ impl OffsetTracker {
     /// record in flight or started since bound every later map, until they no longer fit and
     /// the map is measured again.
     pub fn map_fits(&self, in_flight: usize, k: usize) -> bool {
+        let question = FitsQuestion {
+            version: self.version,
+            gate_epoch: self.gate_epoch.get(),
+            in_flight,
+            k,
+        };
+        if let Some((asked, answer)) = self.fits_memo.get() {
+            if asked == question {
+                return answer;
+            }
+        }
+        let answer = self.measure_fits(in_flight, k);
+        // Asked again under the same state (a measure changes the gate, so its epoch), the
+        // answer is the same.
+        let question = FitsQuestion {
+            gate_epoch: self.gate_epoch.get(),
+            ..question
+        };
+        self.fits_memo.set(Some((question, answer)));
+        answer
+    }
+
+    fn set_gate(&self, gate: Gate) {
+        self.gate.set(gate);
+        self.gate_epoch.set(self.gate_epoch.get().wrapping_add(1));
+    }
+
+    fn measure_fits(&self, in_flight: usize, k: usize) -> bool {
         let Some(&base) = self.outstanding.first() else {
             return true;
         };
@@ -385,7 +435,7 @@ impl OffsetTracker {
             return false;
         }
         let budget = self.limits.metadata_max_chars;
-        let id_len = offset_codec::topic_id_len(self.topic_id.as_deref());
+        let id_len = self.id_len;
         if offset_codec::max_len(top, id_len, None, span) <= budget {
             return true;
         }
@@ -399,7 +449,7 @@ impl OffsetTracker {
         }
         let runs = self.runs(base).len();
         let ok = fits(runs + 2 * (in_flight + k));
-        self.gate.set(Gate {
+        self.set_gate(Gate {
             measured: true,
             runs,
             in_flight,
@@ -413,7 +463,7 @@ impl OffsetTracker {
     pub fn started(&self, k: usize) {
         let mut g = self.gate.get();
         g.started += k;
-        self.gate.set(g);
+        self.set_gate(g);
     }
 
     /// Records handled above the commit offset, tracked now.
