@@ -9,14 +9,15 @@
 //! the same idempotency key. Reads use `read_committed`, so records of aborted transactions
 //! never reach a run.
 //!
-//! # Threads
-//! One OS thread per connection polls librdkafka ([`poll_loop`]); callbacks only hand events
-//! to the async [`supervisor`], which feeds the core and carries out its commands: runs
-//! ([`crate::run`]), commits (its commit task), pauses, resumes and seeks (the poll thread,
-//! before its next poll, in order).
+//! # Tasks
+//! A connection's poll task polls librdkafka ([`poll_loop`]) on the blocking pool while the
+//! connection is busy and holds no thread while it is quiet; callbacks only hand events to
+//! the async [`supervisor`], which feeds the core and carries out its commands: runs
+//! ([`crate::run`]), commits (its commit task, [`commit_task`]), pauses, resumes and seeks
+//! (the poll task, before its next poll, in order). [`tasks`] starts and watches both.
 //! A connection without triggers runs none of this, only [`crate::produce::produce_only`]'s health probe.
 
-mod commit_thread;
+mod commit_task;
 pub mod context;
 mod identity;
 mod monitor;
@@ -28,7 +29,7 @@ mod setup;
 #[cfg(test)]
 mod simulation;
 pub mod supervisor;
-mod threads;
+mod tasks;
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::KafkaError;

@@ -351,7 +351,7 @@ pub(crate) struct FlowOp {
     pub partitions: Vec<TopicPartition>,
 }
 
-/// What the poll thread is to do to the consumer between two polls, in the order decided.
+/// What the poll task is to do to the consumer between two polls, in the order decided.
 pub(crate) enum FlowCmd {
     /// Pause or resume partitions.
     Flow(FlowOp),
@@ -363,7 +363,7 @@ pub(crate) enum FlowCmd {
 /// How long a seek may wait for the partition's fetcher.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Pauses, resumes and seeks for the poll thread, which carries them out before its next
+/// Pauses, resumes and seeks for the poll task, which carries them out before its next
 /// poll, in the order decided.
 ///
 /// A pause takes effect only for what has not been polled yet: librdkafka drops what it
@@ -411,7 +411,7 @@ const SEEK_ATTEMPTS: u32 = 20;
 const SEEK_RETRY_STEP: Duration = Duration::from_millis(250);
 
 impl FlowQueue {
-    /// Queues `cmd` after those queued before; the caller wakes the poll thread.
+    /// Queues `cmd` after those queued before; the caller wakes the poll task.
     pub(crate) fn push(&self, cmd: FlowCmd) {
         let mut cmds = self
             .inner

@@ -13,12 +13,12 @@ use tokio_util::sync::CancellationToken;
 use super::{AssignedPartition, ConsumerEvent, EVENT_CHANNEL};
 use crate::admin::health::{HealthRegistry, Heartbeat};
 use crate::config::ConnectionConfig;
-use crate::consumer::commit_thread;
+use crate::consumer::commit_task;
 use crate::consumer::identity::IdentityWatch;
 use crate::consumer::monitor::{CheckClock, LagSeconds, Monitor, MovedBack};
 use crate::consumer::port::{KafkaPort, RdKafkaPort};
 use crate::consumer::setup::{self, Triggers};
-use crate::consumer::threads::{self, FlowHandle, PollThread, Threads};
+use crate::consumer::tasks::{self, FlowHandle, OpsTask, PollTask};
 use crate::control::gate::TargetGate;
 use crate::control::ConnectionControl;
 use crate::core::committer::CommitResult;
@@ -47,7 +47,7 @@ pub struct ConnectionSupervisor<P: KafkaPort = RdKafkaPort> {
     runs: Runs,
     completions: mpsc::UnboundedReceiver<WorkerEvent>,
     /// None before `run` and after shutdown began.
-    threads: Option<Threads>,
+    ops_task: Option<OpsTask>,
     /// The poll task's pauses, resumes and seeks, while it runs.
     flow: Option<FlowHandle>,
     commit_answers: mpsc::UnboundedReceiver<Vec<CommitResult>>,
@@ -135,7 +135,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
             commands: Vec::new(),
             runs,
             completions,
-            threads: None,
+            ops_task: None,
             flow: None,
             commit_answers,
             commit_answers_tx,
@@ -155,10 +155,10 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), SupervisorError> {
         setup::subscribe(&self.name, &self.config, &*self.consumer)?;
         let events = self.events_tx.clone();
-        let mut poll_thread = PollThread::spawn(&self.name, &self.consumer, events)?;
-        self.flow = Some(poll_thread.flow());
+        let mut poll_task = PollTask::spawn(&self.name, &self.consumer, events)?;
+        self.flow = Some(poll_task.flow());
         let answers = self.commit_answers_tx.clone();
-        self.threads = Some(Threads::spawn(&self.name, &self.consumer, answers));
+        self.ops_task = Some(OpsTask::spawn(&self.name, &self.consumer, answers));
         metrics::register_connection(
             &self.name,
             self.triggers.all.iter().map(|t| t.name.as_str()),
@@ -178,8 +178,8 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                 // A task of the connection that ends while it runs (a panic in a poll round
                 // or a callback, in a commit) restarts the connection: nothing else would
                 // poll or commit for it.
-                reason = poll_thread.ended() => break Err(self.panicked("poll", reason)),
-                reason = threads::ops_ended(&mut self.threads) => {
+                reason = poll_task.ended() => break Err(self.panicked("poll", reason)),
+                reason = tasks::ops_ended(&mut self.ops_task) => {
                     break Err(self.panicked("ops", reason))
                 }
                 Some(e) = self.completions.recv() => {
@@ -190,7 +190,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                         self.on_worker_event(e);
                     }
                 }
-                _ = threads::sleep_until_opt(Some(check.due())) => {
+                _ = tasks::sleep_until_opt(Some(check.due())) => {
                     let (triggers, tasks) = (&self.triggers.all, &self.runs.tasks);
                     let partitions = self.core.partitions_mut();
                     self.monitor.check(&self.config, &self.consumer, partitions, triggers, tasks);
@@ -204,7 +204,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                     self.seeks.extend(seeks);
                 }
                 Ok(()) = self.control_changes.changed() => self.apply_target_states(),
-                _ = threads::sleep_until_opt(wake) => {}
+                _ = tasks::sleep_until_opt(wake) => {}
                 Some(answer) = self.commit_answers.recv() => {
                     self.core.on_commit_answer(crate::clock::now(), &answer);
                 }
@@ -219,7 +219,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
         };
         // Stopping is bounded by the drain deadline, not by the liveness bound.
         self.heartbeat.retire();
-        self.shut_down(poll_thread).await;
+        self.shut_down(poll_task).await;
         result
     }
 
@@ -402,7 +402,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                     paused_or_resumed = true;
                 }
                 Command::Commit(batch) => {
-                    if let Some(t) = &self.threads {
+                    if let Some(t) = &self.ops_task {
                         t.commit(&self.name, batch)?;
                     }
                 }
@@ -427,7 +427,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
         }
         // The answer can wait behind the group's rebalance, which Kafka bounds, not the
         // liveness bound: the loop is waiting, not wedged.
-        let commit = commit_thread::commit_sync(&self.name, &self.consumer, end.commit);
+        let commit = commit_task::commit_sync(&self.name, &self.consumer, end.commit);
         self.heartbeat.beating_while(commit).await;
         self.lag
             .forget(&self.name, self.core.partitions(), &end.partitions);
@@ -440,7 +440,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
 
     fn pause_or_resume(&self, pause: bool, tps: Vec<TopicPartition>) {
         let flow = self.flow.as_ref();
-        threads::pause_or_resume(flow, &self.name, &*self.consumer, pause, tps);
+        tasks::pause_or_resume(flow, &self.name, &*self.consumer, pause, tps);
     }
 
     fn report_partitions(&self) {
@@ -481,10 +481,10 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
         self.control.publish(Some(report));
     }
 
-    async fn shut_down(mut self, poll_thread: PollThread) {
+    async fn shut_down(mut self, poll_task: PollTask) {
         // The commit task finishes its request and ends, so the final synchronous commit
         // below is the last one the broker sees.
-        if let Some(t) = self.threads.take() {
+        if let Some(t) = self.ops_task.take() {
             t.join().await;
         }
         tracing::info!(connection = %self.name, "stopping: draining runs in flight");
@@ -495,7 +495,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
             tokio::select! {
                 biased;
                 Some(e) = self.completions.recv() => self.on_worker_event(e),
-                _ = threads::sleep_until_opt(Some(deadline)) => {
+                _ = tasks::sleep_until_opt(Some(deadline)) => {
                     let in_flight = self.core.partitions().in_flight();
                     tracing::warn!(connection = %self.name, in_flight, "drain deadline passed; unfinished runs will be dispatched again");
                     break;
@@ -507,8 +507,8 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
         // The consumer is still a member (librdkafka's threads run the group protocol): a
         // commit refused while the group rebalances is tried again once the rebalance ends.
         let commits = self.core.stop_commit();
-        let retry = Some(commit_thread::FINAL_COMMIT_RETRY);
-        commit_thread::commit_sync_retrying(&self.name, &self.consumer, commits, retry).await;
+        let retry = Some(commit_task::FINAL_COMMIT_RETRY);
+        commit_task::commit_sync_retrying(&self.name, &self.consumer, commits, retry).await;
         // A revoke that arrived with the shutdown is complete now: release the poll task's
         // revoke callback at once instead of letting it wait for its deadline.
         if let Some(ack) = self.revoke_ack.take() {
@@ -520,7 +520,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
         // The poll task holds the last reference: closing (callbacks) runs off the runtime.
         drop(self.consumer);
         drop(self.events);
-        poll_thread.join().await;
+        poll_task.join().await;
         tracing::info!(connection = %self.name, "consumer closed");
     }
 }

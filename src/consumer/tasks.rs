@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::consumer::commit_thread::{self, CommitBatch};
+use crate::consumer::commit_task::{self, CommitBatch};
 use crate::consumer::poll_loop::{self, FlowCmd, FlowOp, FlowQueue};
 use crate::consumer::port::KafkaPort;
 use crate::consumer::queue_wake::Waker;
@@ -18,7 +18,7 @@ use crate::core::committer::CommitResult;
 use crate::dispatch::event::TopicPartition;
 
 /// The poll task of a connection, while it runs.
-pub(super) struct PollThread {
+pub(super) struct PollTask {
     stop: Arc<AtomicBool>,
     waker: Waker,
     flow: FlowQueue,
@@ -42,7 +42,7 @@ async fn ended(handle: &mut Option<JoinHandle<Option<String>>>) -> String {
     }
 }
 
-impl PollThread {
+impl PollTask {
     /// Starts polling `consumer` of connection `name`; its events go to `events`.
     pub(super) fn spawn<P: KafkaPort>(
         name: &str,
@@ -110,20 +110,20 @@ impl FlowHandle {
 }
 
 /// The commit task of a connection, while it runs.
-pub(super) struct Threads {
+pub(super) struct OpsTask {
     ops: mpsc::UnboundedSender<CommitBatch>,
     /// None once it ended.
     ops_task: Option<JoinHandle<Option<String>>>,
 }
 
-impl Threads {
+impl OpsTask {
     /// Starts the ops task of connection `name`; commit answers arrive on `answers`.
     pub(super) fn spawn<P: KafkaPort>(
         name: &str,
         consumer: &Arc<P>,
         answers: mpsc::UnboundedSender<Vec<CommitResult>>,
     ) -> Self {
-        let (ops, ops_task) = commit_thread::spawn(name, Arc::clone(consumer), answers);
+        let (ops, ops_task) = commit_task::spawn(name, Arc::clone(consumer), answers);
         Self {
             ops,
             ops_task: Some(ops_task),
@@ -154,9 +154,9 @@ impl Threads {
     }
 }
 
-/// [`Threads::ended`] of the ops task while it runs; pending for ever otherwise.
-pub(super) async fn ops_ended(threads: &mut Option<Threads>) -> String {
-    match threads {
+/// [`OpsTask::ended`] of the ops task while it runs; pending for ever otherwise.
+pub(super) async fn ops_ended(ops_task: &mut Option<OpsTask>) -> String {
+    match ops_task {
         Some(t) => t.ended().await,
         None => std::future::pending().await,
     }

@@ -23,7 +23,7 @@ pub(super) use crate::core::CommitBatch;
 /// a time, on the blocking pool) and answers with the broker's verdict per partition, which
 /// an asynchronous manual commit never reports (see [`crate::core::committer`]). It holds no
 /// thread while it waits, and ends when the sender is dropped. (Pauses, resumes and seeks
-/// are the poll thread's, between two polls: see [`crate::consumer::poll_loop::FlowQueue`].)
+/// are the poll task's, between two polls: see [`crate::consumer::poll_loop::FlowQueue`].)
 pub(crate) fn spawn<P: KafkaPort>(
     connection: &str,
     consumer: Arc<P>,
