@@ -4,11 +4,15 @@
 //! client certificate and its unencrypted private key, for mTLS).
 //!
 //! Without `ca_location` the server is verified by the platform verifier (the system's trust
-//! store), as both clients do by default.
+//! store), as both clients do by default. The system's roots are read and parsed once per
+//! process, by the first configuration that needs them, and that verifier is shared by every
+//! later one (a region starting 1,000 connections parses the store once, not 1,000 times); a
+//! change to the system's store is seen when the process starts again.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;
@@ -120,6 +124,21 @@ fn certificates(what: String, path: &Path) -> Result<Vec<CertificateDer<'static>
     Ok(certs)
 }
 
+/// The platform verifier over the system's roots, made by the first call that succeeds and
+/// shared by every later one. A failure (no usable root in the system's store) is not kept:
+/// the next call tries again, as each call did before the verifier was shared.
+fn platform_verifier() -> Result<Arc<dyn ServerCertVerifier>, rustls::Error> {
+    static VERIFIER: OnceLock<Arc<dyn ServerCertVerifier>> = OnceLock::new();
+    if let Some(verifier) = VERIFIER.get() {
+        return Ok(Arc::clone(verifier));
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let made: Arc<dyn ServerCertVerifier> =
+        Arc::new(rustls_platform_verifier::Verifier::new(provider)?);
+    // Two first calls at once: both made one; every caller from now on gets the one kept.
+    Ok(Arc::clone(VERIFIER.get_or_init(|| made)))
+}
+
 /// A rustls client configuration for `peer` (`registry` or `dispatcher`) with the aws-lc-rs
 /// provider, TLS 1.2 and 1.3, no ALPN (the callers set it), and the given files.
 pub fn client_config(
@@ -143,8 +162,9 @@ pub fn client_config(
             }
             builder.with_root_certificates(roots)
         }
-        None => hyper_rustls::ConfigBuilderExt::try_with_platform_verifier(builder)
-            .map_err(rustls_error)?,
+        None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(platform_verifier().map_err(rustls_error)?),
     };
     match (files.certificate_location, files.key_location) {
         (Some(cert), Some(key)) => {
@@ -170,6 +190,20 @@ pub(crate) mod testing;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The platform verifier is made once and shared: the system's roots are parsed once.
+    #[test]
+    fn the_platform_verifier_is_made_once_and_shared() {
+        let Ok(first) = platform_verifier() else {
+            // A machine without system roots: nothing to share (each call fails, as before).
+            return;
+        };
+        assert!(Arc::ptr_eq(&first, &platform_verifier().unwrap()));
+        // Configurations without `ca_location` are built over it, with or without ALPN set
+        // by their callers.
+        let config = client_config("dispatcher", TlsFiles::default()).unwrap();
+        assert!(config.alpn_protocols.is_empty());
+    }
 
     #[test]
     fn unreadable_and_unusable_files_are_named_by_role_and_path() {

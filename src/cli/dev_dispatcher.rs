@@ -178,6 +178,16 @@ impl DevDispatcher {
         self.state.inner().runs.clone()
     }
 
+    /// Accepted runs from the `from`th on (counting from 0), in acceptance order: what a
+    /// reader that has seen `from` of them has not seen yet, without copying the others.
+    pub fn runs_from(&self, from: usize) -> Vec<AcceptedRun> {
+        self.state
+            .inner()
+            .runs
+            .get(from..)
+            .map_or_else(Vec::new, <[AcceptedRun]>::to_vec)
+    }
+
     /// How many runs were accepted.
     pub fn accepted(&self) -> usize {
         self.state.inner().runs.len()
