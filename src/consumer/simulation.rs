@@ -22,9 +22,10 @@
 //! starts at the group's commit and reads its metadata (the commit of the old log's progress
 //! that landed on the new topic, in the window).
 //!
-//! A schedule has one to three members, each its own connection, under an eager
-//! coordinator ([`Group`]): a partition's next owner starts at the group's commit and reads
-//! its metadata. Limits: librdkafka's own threads are not run, only what it returns
+//! A schedule has one to three members, each its own connection, under a coordinator
+//! ([`Group`]) whose protocol is drawn ([`Protocol`]: eager, cooperative-sticky, static
+//! members, KIP-848's consumer protocol): a partition's next owner starts at the group's
+//! commit and reads its metadata. Limits: librdkafka's own threads are not run, only what it returns
 //! (docs/architecture.md "Tests").
 
 pub(crate) mod port;
@@ -71,6 +72,8 @@ struct Schedule {
     /// The later faults, drawn from a stream of their own so that adding them changed no
     /// earlier draw.
     more: MoreFaults,
+    /// How the group moves partitions between several members (its own stream too).
+    protocol: Protocol,
 }
 
 /// Faults drawn from their own stream of the seed.
@@ -161,8 +164,23 @@ impl Schedule {
                 .then(|| (rng.below(300), rng.below(2 * records as u64) as usize)),
             commit_refusals: if rng.chance(25) { 1 + rng.below(30) } else { 0 },
             more: MoreFaults::from_seed(seed),
+            protocol: Protocol::from_seed(seed),
             unnoticed: None,
         }
+    }
+
+    /// Static members show what they do when a consumer restarts: most such schedules get
+    /// panics (drawn from a stream of their own).
+    fn with_static_restarts(mut self, seed: u64) -> Self {
+        let mut rng = Rng(seed ^ 0x57A7_1C00_2026_1207);
+        if self.protocol == Protocol::Static
+            && self.more.members > 1
+            && self.more.panics == 0
+            && rng.chance(70)
+        {
+            self.more.panics = 5 + rng.below(20);
+        }
+        self
     }
 
     /// Draws the window in which a topic created again is not noticed yet, from its own
@@ -232,6 +250,19 @@ std::thread_local! {
     /// What the schedules run on this thread exercised: connection restarts after a panic,
     /// and steps at which a partition was held to the liveness bound while a key was parked.
     static EXERCISED: std::cell::Cell<(u64, u64, u64)> = const { std::cell::Cell::new((0, 0, 0)) };
+    /// Rebalances between several members by protocol (eager, cooperative, static, the
+    /// consumer protocol), and static members' consumers that took their predecessor's
+    /// share without a rebalance.
+    static PROTOCOLS: std::cell::Cell<[u64; 5]> = const { std::cell::Cell::new([0; 5]) };
+}
+
+/// Counts one of [`PROTOCOLS`].
+fn exercised_protocol(i: usize) {
+    PROTOCOLS.with(|c| {
+        let mut v = c.get();
+        v[i] += 1;
+        c.set(v);
+    });
 }
 
 /// Runs the schedule of `seed` (over a broken consumer if `broken` says so): what happened,
@@ -293,7 +324,9 @@ const RESTART_DELAY: Duration = Duration::from_secs(1);
 async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, String> {
     let started = tokio::time::Instant::now();
     let mut rng = Rng(seed);
-    let shape = Schedule::from_seed(seed, &mut rng).with_unnoticed(seed);
+    let shape = Schedule::from_seed(seed, &mut rng)
+        .with_unnoticed(seed)
+        .with_static_restarts(seed);
     let mut scripted = HashMap::new();
     let mut cluster = Cluster {
         topic: "sim".to_owned(),
@@ -373,8 +406,8 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
         firsts.push(supervisor(made, port_seed).map_err(|e| format!("supervisor: {e}"))?);
     }
     let all: Vec<i32> = (0..shape.partitions as i32).collect();
-    let mut group = Group::new(&ports);
-    group.assign(&all);
+    let mut group = Group::new(&ports, shape.protocol);
+    group.start(&all);
     let shutdown = CancellationToken::new();
     let restarts = rng.next() ^ 0x08E5_7A87;
     let mut connections = Vec::new();
@@ -556,18 +589,59 @@ async fn schedule(seed: u64, broken: Option<Broken>) -> Result<Vec<String>, Stri
     Ok(trace)
 }
 
+/// How the group hands partitions over when they move between members (with several
+/// members; one member's rebalances are the same under each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// Every member's partitions revoked; once every revoke is acknowledged, all dealt out
+    /// again (the classic protocol with the range or round-robin assignor).
+    Eager,
+    /// Only the partitions that move are revoked, the rest keep running; once every revoke
+    /// is acknowledged, the moved ones are assigned to their new owners (cooperative-sticky:
+    /// the second rebalance of KIP-429).
+    Cooperative,
+    /// Eager, with static members (`group.instance.id`, KIP-345): a restarted consumer takes
+    /// its predecessor's place and partitions without a rebalance; they wait unread meanwhile.
+    Static,
+    /// The consumer protocol (KIP-848): the coordinator revokes what moves and assigns each
+    /// moved partition once its previous owner acknowledged, partition by partition, with no
+    /// group-wide barrier.
+    Consumer,
+}
+
+impl Protocol {
+    /// Drawn from a stream of its own, so that earlier schedules keep their draws.
+    fn from_seed(seed: u64) -> Self {
+        let mut rng = Rng(seed ^ 0x9A0C_0C01_2026_1207);
+        match rng.below(4) {
+            0 => Self::Eager,
+            1 => Self::Cooperative,
+            2 => Self::Static,
+            _ => Self::Consumer,
+        }
+    }
+}
+
 /// The group's coordinator over the schedule's members: who is in the group (each
-/// member's newest consumer, until it closes), and eager rebalances (every member's
-/// partitions revoked, and once every revoke is acknowledged, the partitions dealt out
-/// again). With one member it acts as the schedules before members did: a rebalance queues
-/// the revoke and the assignment at once, and a restarted consumer is given every
+/// member's newest consumer, until it closes), and rebalances by the schedule's
+/// [`Protocol`]. With one member it acts as the schedules before members did: a rebalance
+/// queues the revoke and the assignment at once, and a restarted consumer is given every
 /// partition.
 struct Group {
     members: Vec<Member>,
+    protocol: Protocol,
     /// A rebalance waits for its revokes before it deals the partitions out.
     dealing: bool,
     /// Rebalances dealt so far: where the deal starts (partitions move between members).
     deals: usize,
+    /// Each member's share of the last deal (incremental protocols and static members).
+    target: Vec<Vec<i32>>,
+    /// Partitions assigned to each member's consumer in the deal in progress (the
+    /// consumer protocol assigns them one by one).
+    given: Vec<Vec<i32>>,
+    /// A membership change came while a deal of an incremental protocol was in progress:
+    /// the next rebalance starts once it is over.
+    pending: bool,
 }
 
 /// One member of the group: its consumers, and the one in the group now.
@@ -579,7 +653,7 @@ struct Member {
 }
 
 impl Group {
-    fn new(ports: &[Arc<Mutex<Vec<SimPort>>>]) -> Self {
+    fn new(ports: &[Arc<Mutex<Vec<SimPort>>>], protocol: Protocol) -> Self {
         Self {
             members: ports
                 .iter()
@@ -589,8 +663,16 @@ impl Group {
                     current: made.lock().unwrap().last().cloned(),
                 })
                 .collect(),
+            protocol: if ports.len() > 1 {
+                protocol
+            } else {
+                Protocol::Eager
+            },
             dealing: false,
             deals: 0,
+            target: vec![Vec::new(); ports.len()],
+            given: vec![Vec::new(); ports.len()],
+            pending: false,
         }
     }
 
@@ -600,6 +682,16 @@ impl Group {
             .iter()
             .filter_map(|m| m.current.clone())
             .collect()
+    }
+
+    /// The first assignment.
+    fn start(&mut self, all: &[i32]) {
+        if self.protocol == Protocol::Eager {
+            self.assign(all);
+        } else {
+            self.deal(all);
+            self.give_all();
+        }
     }
 
     /// Deals `all` out to the members in the group (round-robin, starting one further at
@@ -621,9 +713,42 @@ impl Group {
         }
     }
 
+    /// Deals `all` out into [`Self::target`]: to the members in the group, or, with static
+    /// members, to every member (an absent one's share waits for its next consumer).
+    fn deal(&mut self, all: &[i32]) {
+        let takers: Vec<usize> = (0..self.members.len())
+            .filter(|i| self.protocol == Protocol::Static || self.members[*i].current.is_some())
+            .collect();
+        self.target = vec![Vec::new(); self.members.len()];
+        self.given = vec![Vec::new(); self.members.len()];
+        if takers.is_empty() {
+            return;
+        }
+        for (i, p) in all.iter().enumerate() {
+            self.target[takers[(i + self.deals) % takers.len()]].push(*p);
+        }
+        self.deals += 1;
+    }
+
+    /// Assigns each member in the group what its share holds and its consumer was not
+    /// given yet.
+    fn give_all(&mut self) {
+        for (i, m) in self.members.iter().enumerate() {
+            let Some(port) = &m.current else { continue };
+            let gained: Vec<i32> = self.target[i]
+                .iter()
+                .copied()
+                .filter(|p| !self.given[i].contains(p))
+                .collect();
+            if !gained.is_empty() {
+                self.given[i].extend(&gained);
+                port.rebalance(Rebalance::Assign(gained));
+            }
+        }
+    }
+
     /// A rebalance: with one member, its partitions revoked and given back at once; with
-    /// more, every member's revoked, dealt out again once all are acknowledged
-    /// ([`Self::settle`]).
+    /// more, by the protocol ([`Self::settle`] ends it).
     fn rebalance(&mut self, all: &[i32]) {
         if self.members.len() == 1 {
             if let Some(port) = self.members[0].current.as_ref().filter(|p| !p.revoking()) {
@@ -638,21 +763,101 @@ impl Group {
         if self.dealing {
             return;
         }
-        for port in self.live() {
-            let assigned = port.assigned();
-            if !assigned.is_empty() {
-                port.rebalance(Rebalance::Revoke(assigned));
+        match self.protocol {
+            Protocol::Eager | Protocol::Static => {
+                for port in self.live() {
+                    let assigned = port.assigned();
+                    if !assigned.is_empty() {
+                        port.rebalance(Rebalance::Revoke(assigned));
+                    }
+                }
+            }
+            Protocol::Cooperative | Protocol::Consumer => {
+                // A consumer still serving an earlier assignment would revoke too little.
+                if !self.live().iter().all(SimPort::rebalanced) {
+                    self.pending = true;
+                    return;
+                }
+                self.deal(all);
+                for (i, m) in self.members.iter().enumerate() {
+                    let Some(port) = &m.current else { continue };
+                    let assigned = port.assigned();
+                    let lost: Vec<i32> = assigned
+                        .iter()
+                        .copied()
+                        .filter(|p| !self.target[i].contains(p))
+                        .collect();
+                    self.given[i] = assigned
+                        .into_iter()
+                        .filter(|p| self.target[i].contains(p))
+                        .collect();
+                    if !lost.is_empty() {
+                        port.rebalance(Rebalance::Revoke(lost));
+                    }
+                }
             }
         }
+        self.pending = false;
         self.dealing = true;
         EXERCISED.with(|e| e.set((e.get().0, e.get().1, e.get().2 + 1)));
+        exercised_protocol(self.protocol as usize);
     }
 
-    /// Deals the partitions out once every revoke of a rebalance was acknowledged.
+    /// Goes on with the rebalance in progress: deals the partitions out once every revoke
+    /// was acknowledged (eager, static, cooperative), or assigns each moved partition once
+    /// no other consumer holds it (the consumer protocol).
     fn settle(&mut self, all: &[i32]) {
-        if self.dealing && self.live().iter().all(SimPort::rebalanced) {
-            self.dealing = false;
-            self.assign(all);
+        if !self.dealing {
+            if self.pending {
+                self.rebalance(all);
+            }
+            return;
+        }
+        match self.protocol {
+            Protocol::Eager => {
+                if self.live().iter().all(SimPort::rebalanced) {
+                    self.dealing = false;
+                    self.assign(all);
+                }
+            }
+            Protocol::Static | Protocol::Cooperative => {
+                if self.live().iter().all(SimPort::rebalanced) {
+                    self.dealing = false;
+                    if self.protocol == Protocol::Static {
+                        self.deal(all);
+                    }
+                    self.give_all();
+                }
+            }
+            Protocol::Consumer => {
+                let mut complete = true;
+                for i in 0..self.members.len() {
+                    let Some(port) = self.members[i].current.clone() else {
+                        continue;
+                    };
+                    let held_elsewhere: Vec<i32> = self
+                        .members
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, _)| *j != i)
+                        .filter_map(|(_, m)| m.current.as_ref())
+                        .flat_map(SimPort::assigned)
+                        .collect();
+                    let (free, held): (Vec<i32>, Vec<i32>) = self.target[i]
+                        .iter()
+                        .copied()
+                        .filter(|p| !self.given[i].contains(p))
+                        .partition(|p| !held_elsewhere.contains(p));
+                    complete &= held.is_empty();
+                    if !free.is_empty() {
+                        self.given[i].extend(&free);
+                        port.rebalance(Rebalance::Assign(free));
+                    }
+                }
+                if complete {
+                    self.dealing = false;
+                }
+            }
         }
     }
 
@@ -661,8 +866,9 @@ impl Group {
     fn membership_changed(&mut self, all: &[i32]) -> bool {
         let mut changed = false;
         let mut joined = None;
+        let mut rejoined = Vec::new();
         let several = self.members.len() > 1;
-        for m in &mut self.members {
+        for (i, m) in self.members.iter_mut().enumerate() {
             // (One member's closed consumer stays in until the next one joins, as before
             // there were members: the schedule's draws stay as they were.)
             if several && m.current.as_ref().is_some_and(SimPort::closed) {
@@ -677,6 +883,7 @@ impl Group {
                 m.known = n;
                 m.current.clone_from(&newest);
                 joined = newest;
+                rejoined.push(i);
                 changed = true;
                 EXERCISED.with(|e| e.set((e.get().0 + 1, e.get().1, e.get().2)));
             }
@@ -690,9 +897,31 @@ impl Group {
             if let Some(port) = joined {
                 port.rebalance(Rebalance::Assign(all.to_vec()));
             }
-        } else {
-            self.dealing = false;
-            self.rebalance(all);
+            return true;
+        }
+        match self.protocol {
+            Protocol::Eager => {
+                self.dealing = false;
+                self.rebalance(all);
+            }
+            Protocol::Static => {
+                // No rebalance: a consumer that closed keeps its member's place, and the
+                // next one takes its share (at once, or when the deal in progress ends).
+                for i in rejoined {
+                    self.given[i].clear();
+                    exercised_protocol(4);
+                }
+                if !self.dealing {
+                    self.give_all();
+                }
+            }
+            Protocol::Cooperative | Protocol::Consumer => {
+                if self.dealing {
+                    self.pending = true;
+                } else {
+                    self.rebalance(all);
+                }
+            }
         }
         true
     }
@@ -933,7 +1162,7 @@ fn in_key_order(d: &DevDispatcher) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{run_schedule, Broken, EXERCISED};
+    use super::{run_schedule, Broken, EXERCISED, PROTOCOLS};
 
     /// How many schedules, from which seed: `TESSEL_SHELL_SIM_SCHEDULES`,
     /// `TESSEL_SHELL_SIM_FIRST_SEED`.
@@ -945,7 +1174,7 @@ mod tests {
                 .unwrap_or(d)
         };
         let first = n("TESSEL_SHELL_SIM_FIRST_SEED", 1);
-        first..first + n("TESSEL_SHELL_SIM_SCHEDULES", 40)
+        first..first + n("TESSEL_SHELL_SIM_SCHEDULES", 120)
     }
 
     /// Seeds that failed before a fix, run every time:
@@ -999,15 +1228,20 @@ mod tests {
             }
         }
         let (restarts, held, moves) = EXERCISED.with(std::cell::Cell::get);
+        let [eager, cooperative, fixed, consumer, rejoins] = PROTOCOLS.with(std::cell::Cell::get);
         eprintln!(
-            "{n} schedules of the real shell in {:.1} s: {restarts} restarts after a panic, {held} steps of a partition held to the liveness bound while a key was parked, {moves} rebalances between members",
+            "{n} schedules of the real shell in {:.1} s: {restarts} restarts after a panic, {held} steps of a partition held to the liveness bound while a key was parked, {moves} rebalances between members ({eager} eager, {cooperative} cooperative, {fixed} with static members, {consumer} by the consumer protocol; {rejoins} static members' consumers took their share back without one)",
             started.elapsed().as_secs_f64()
         );
         // The faults happened: the connection started again, partitions were checked while
-        // a key was parked, and partitions moved between members.
+        // a key was parked, and partitions moved between members under every protocol.
         assert!(
             restarts > 0 && held > 0 && moves > 0,
             "{restarts} restarts, {held} steps held, {moves} rebalances between members"
+        );
+        assert!(
+            eager > 0 && cooperative > 0 && fixed > 0 && consumer > 0 && rejoins > 0,
+            "rebalances: {eager} eager, {cooperative} cooperative, {fixed} static, {consumer} consumer protocol; {rejoins} static rejoins"
         );
     }
 
