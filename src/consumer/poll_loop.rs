@@ -184,11 +184,16 @@ impl<P: KafkaPort> Poller<P> {
     /// blocking pool at once. (What kept 103 pool threads alive for 100 idle connections was
     /// the pool's keep-alive, see `BLOCKING_KEEP_ALIVE` in main.rs.)
     fn timeout(&self) -> Duration {
-        if self.last_activity.elapsed() < SETTLE {
+        let wait = if self.last_activity.elapsed() < SETTLE {
             POLL_TIMEOUT
         } else {
             QUIET_POLL.mul_f64(0.8 + 0.4 * crate::clock::draw())
-        }
+        };
+        // A failed seek is tried again when it is due, not at a quiet connection's next
+        // wake-up: the partition takes nothing until one succeeds.
+        self.flow.next_retry().map_or(wait, |due| {
+            wait.min(due.saturating_duration_since(Instant::now()))
+        })
     }
 
     /// Rounds on this thread of the blocking pool, waiting for librdkafka here between them,
@@ -420,6 +425,11 @@ impl FlowQueue {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         cmds.push(cmd);
         self.inner.pending.store(true, Ordering::Release);
+    }
+
+    /// When the earliest failed seek may be tried again, if one waits.
+    fn next_retry(&self) -> Option<Instant> {
+        lock(&self.inner.retries).iter().map(|r| r.due).min()
     }
 
     /// Carries out what was queued, in order, on this thread. Returns the partitions whose

@@ -330,6 +330,23 @@ impl SimPort {
         self.state().parts.keys().copied().collect()
     }
 
+    /// The partitions assigned once the member served every rebalance given to it: an
+    /// assignment queued and not served yet is the member's too (librdkafka hands it to the
+    /// application before any later revoke).
+    pub(crate) fn assigned_when_served(&self) -> Vec<i32> {
+        let s = self.state();
+        let mut parts: std::collections::BTreeSet<i32> = s.parts.keys().copied().collect();
+        for r in &s.rebalances_due {
+            match r {
+                Rebalance::Assign(ps) => parts.extend(ps),
+                Rebalance::Revoke(ps) => ps.iter().for_each(|p| {
+                    parts.remove(p);
+                }),
+            }
+        }
+        parts.into_iter().collect()
+    }
+
     /// Whether a revoke waits for the application.
     pub(crate) fn revoking(&self) -> bool {
         self.state().awaiting_ack.is_some()
