@@ -212,17 +212,26 @@ dispatcher = {{ url = "{}", token = "{token}" }}
         d.runs()[0].authorization.as_deref(),
         Some(format!("Bearer {token}").as_str())
     );
+    // The dispatcher counts a run when it answers; the daemon logs the acceptance only after
+    // it reads that answer, so the log is polled for the three lines before the kill.
+    let accepted_lines = |text: &str| -> Vec<Value> {
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["message"] == "run accepted")
+            .collect()
+    };
+    wait_for("3 run-accepted log lines", Duration::from_secs(30), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        (accepted_lines(&text).len() >= 3).then_some(())
+    })
+    .await;
     daemon.kill().unwrap();
     let _ = daemon.wait();
     let text = std::fs::read_to_string(&log).unwrap();
     for secret in [s.admin_password.as_str(), token.as_str()] {
         assert!(!text.contains(secret), "a secret reached the log");
     }
-    let accepted: Vec<Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["message"] == "run accepted")
-        .collect();
+    let accepted = accepted_lines(&text);
     assert_eq!(accepted.len(), 3, "{text}");
     for line in accepted {
         assert_eq!(line["connection"], "it");
