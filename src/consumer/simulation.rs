@@ -686,31 +686,8 @@ impl Group {
 
     /// The first assignment.
     fn start(&mut self, all: &[i32]) {
-        if self.protocol == Protocol::Eager {
-            self.assign(all);
-        } else {
-            self.deal(all);
-            self.give_all();
-        }
-    }
-
-    /// Deals `all` out to the members in the group (round-robin, starting one further at
-    /// each deal so that partitions move).
-    fn assign(&mut self, all: &[i32]) {
-        let live = self.live();
-        if live.is_empty() {
-            return;
-        }
-        let mut shares = vec![Vec::new(); live.len()];
-        for (i, p) in all.iter().enumerate() {
-            shares[(i + self.deals) % live.len()].push(*p);
-        }
-        self.deals += 1;
-        for (port, share) in live.iter().zip(shares) {
-            if !share.is_empty() {
-                port.rebalance(Rebalance::Assign(share));
-            }
-        }
+        self.deal(all);
+        self.give_all();
     }
 
     /// Deals `all` out into [`Self::target`]: to the members in the group, or, with static
@@ -818,16 +795,12 @@ impl Group {
             return;
         }
         match self.protocol {
-            Protocol::Eager => {
+            Protocol::Eager | Protocol::Static | Protocol::Cooperative => {
                 if self.live().iter().all(SimPort::rebalanced) {
                     self.dealing = false;
-                    self.assign(all);
-                }
-            }
-            Protocol::Static | Protocol::Cooperative => {
-                if self.live().iter().all(SimPort::rebalanced) {
-                    self.dealing = false;
-                    if self.protocol == Protocol::Static {
+                    // Cooperative dealt when it revoked what moves; the eager ones deal
+                    // everything now.
+                    if self.protocol != Protocol::Cooperative {
                         self.deal(all);
                     }
                     self.give_all();
