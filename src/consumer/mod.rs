@@ -68,6 +68,10 @@ pub enum ConsumerEvent {
     /// was created again), after the messages read before the move and before any read
     /// after it.
     Sought(Vec<TopicPartition>),
+    /// Paused partitions whose log ends below what their assignment had read (the
+    /// monitor's probe of their ends): the log was cut or replaced while they were not
+    /// fetched. Each with the assignment's generation and the end.
+    LogEnds(Vec<(TopicPartition, u64, i64)>),
     /// librdkafka said something that may mean a topic was deleted or created again, before
     /// the messages after this event: the partitions run and commit nothing until their
     /// topics' ids are read again.

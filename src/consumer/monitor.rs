@@ -218,6 +218,8 @@ pub(super) struct Monitor {
     paused_end_probe_running: Arc<AtomicBool>,
     /// The last query found paused partitions (so the next one clears them).
     paused_ends_reported: bool,
+    /// Where the probe says which paused partitions' logs end below what they read.
+    events: tokio::sync::mpsc::Sender<crate::consumer::ConsumerEvent>,
     /// Permissions found missing by the last diagnosis (see [`crate::clients::probe`]).
     missing_permissions: Arc<Mutex<Vec<String>>>,
     permissions: PermissionCheck,
@@ -229,6 +231,7 @@ impl Monitor {
         name: &str,
         health: HealthRegistry,
         registry: Option<Arc<RegistryClient>>,
+        events: tokio::sync::mpsc::Sender<crate::consumer::ConsumerEvent>,
     ) -> Self {
         Self {
             name: name.to_owned(),
@@ -239,6 +242,7 @@ impl Monitor {
             last_paused_end_probe: None,
             paused_end_probe_running: Arc::new(AtomicBool::new(false)),
             paused_ends_reported: false,
+            events,
             missing_permissions: Arc::new(Mutex::new(Vec::new())),
             permissions: PermissionCheck::default(),
         }
@@ -407,11 +411,13 @@ impl Monitor {
             return;
         }
         self.last_paused_end_probe = Some(crate::clock::now());
-        // An operator's pause stops the fetch too (its trigger's partitions).
-        let paused: Vec<TopicPartition> = partitions
+        // An operator's pause stops the fetch too (its trigger's partitions). Each with its
+        // assignment and what it had read: an end below that, asked after it was read, is a
+        // log cut or replaced while not fetched.
+        let paused: Vec<(TopicPartition, u64, Option<i64>)> = partitions
             .iter()
             .filter(|p| p.paused.is_some() || p.trigger.runtime.control.paused())
-            .map(|p| p.tp.clone())
+            .map(|p| (p.tp.clone(), p.generation, p.tracker.seen()))
             .collect();
         if paused.is_empty() && !self.paused_ends_reported {
             return;
@@ -420,21 +426,30 @@ impl Monitor {
         self.paused_end_probe_running.store(true, Ordering::SeqCst);
         let running = Arc::clone(&self.paused_end_probe_running);
         let consumer = Arc::clone(consumer);
+        let events = self.events.clone();
         crate::consumer::port::start::<P>(move || {
             // One deadline for the whole probe, so an unreachable cluster holds this
             // thread (and the consumer) only briefly.
             let deadline = crate::clock::now() + PAUSED_END_PROBE;
             let mut ends = std::collections::HashMap::new();
-            for tp in paused {
+            let mut cut = Vec::new();
+            for (tp, generation, read) in paused {
                 let left = deadline.saturating_duration_since(crate::clock::now());
                 if left.is_zero() {
                     break;
                 }
                 if let Ok(high) = consumer.high_watermark(&tp, left) {
+                    if read.is_some_and(|read| high < read) {
+                        cut.push((tp.clone(), generation, high));
+                    }
                     let _ = ends.insert((tp.topic, tp.partition), high);
                 }
             }
             consumer.set_paused_ends(ends);
+            // Rare; if the supervisor's queue is full, the next probe asks again.
+            if !cut.is_empty() {
+                let _ = events.try_send(crate::consumer::ConsumerEvent::LogEnds(cut));
+            }
             running.store(false, Ordering::SeqCst);
         });
     }

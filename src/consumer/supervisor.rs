@@ -124,6 +124,12 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
     ) -> Self {
         let (runs, completions) = Runs::new(name, config.group_id());
         let (commit_answers_tx, commit_answers) = mpsc::unbounded_channel();
+        let monitor = Monitor::new(
+            name,
+            health.clone(),
+            shared.registry.clone(),
+            events_tx.clone(),
+        );
         Self {
             name: name.to_owned(),
             config: config.clone(),
@@ -141,7 +147,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
             commit_answers_tx,
             revoke_ack: None,
             heartbeat: health.heartbeat(name),
-            monitor: Monitor::new(name, health, shared.registry.clone()),
+            monitor,
             identity: IdentityWatch::new(name, config),
             seeks: Vec::new(),
             lag: LagSeconds::default(),
@@ -247,6 +253,28 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                             tp,
                             expected: m.expected,
                             offset: m.offset,
+                        });
+                        moved = true;
+                    }
+                }
+                if moved {
+                    self.check_identity();
+                }
+            }
+            ConsumerEvent::LogEnds(ends) => {
+                let mut moved = false;
+                for (tp, generation, end) in ends {
+                    if let Some(m) = self.core.on_log_end(&tp, generation, end) {
+                        self.identity.on_moved_back(&MovedBack {
+                            tp: tp.clone(),
+                            expected: m.expected,
+                            offset: m.offset,
+                        });
+                        // librdkafka would fetch from its position, past the end, and
+                        // go on from there once records reach it.
+                        self.seeks.push(crate::consumer::identity::Seek {
+                            tp,
+                            to: rdkafka::Offset::Offset(m.offset),
                         });
                         moved = true;
                     }

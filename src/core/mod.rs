@@ -340,6 +340,25 @@ impl<S: Shell> Core<S> {
         Some(moved)
     }
 
+    /// The log of `tp` ends at `end`, below what its assignment `generation` had read when
+    /// the end was asked (a paused partition's end, read by the shell's monitor): the log was
+    /// cut or replaced while the partition was not fetched, and the consumer's position, past
+    /// the end, says nothing until its next fetch. The bookkeeping starts again from `end`, as
+    /// for a position that moved back, from the end or the commit offset if that is lower
+    /// (records of the log's unchanged part handled above it run again), and what arrives
+    /// before the consumer was moved there is dropped: the shell moves it to the returned
+    /// offset, then calls [`Core::on_sought`].
+    pub fn on_log_end(
+        &mut self,
+        tp: &TopicPartition,
+        generation: u64,
+        end: i64,
+    ) -> Option<PositionMovedBack> {
+        let moved = self.partitions.on_log_end(tp, generation, end)?;
+        self.committer.forget(tp);
+        Some(moved)
+    }
+
     /// A run started by [`Command::Start`] ended: each record's offset and whether it is
     /// handled (accepted, skipped, dead-lettered); `key` is the run's (None for a batch).
     /// Returns false for a run of an earlier assignment (its end changes nothing).

@@ -463,6 +463,36 @@ impl<S: Shell> PartitionSet<S> {
         None
     }
 
+    /// See [`Core::on_log_end`](super::Core::on_log_end). Nothing for another assignment
+    /// of `tp`, one the consumer is being moved for, or an end at or past what it read.
+    pub fn on_log_end(
+        &mut self,
+        tp: &TopicPartition,
+        generation: u64,
+        end: i64,
+    ) -> Option<PositionMovedBack> {
+        let id = self.id_of(&tp.topic, tp.partition)?;
+        let p = self.slots[id.0 as usize].as_mut()?;
+        if p.generation != generation || p.awaiting_seek {
+            return None;
+        }
+        let expected = p.tracker.seen().filter(|s| end < *s)?;
+        // The log below the end is as it was, but what of it was handled above the commit
+        // offset is kept nowhere once the bookkeeping starts again: read again from there.
+        let from = p.tracker.commit_offset().map_or(end, |c| c.min(end));
+        let id = self.restart_moved_back(id)?;
+        let p = self.slots[id.0 as usize].as_mut()?;
+        p.position_reset = true;
+        p.awaiting_seek = true;
+        p.tracker.position(from);
+        Self::mark_commit_changed(&mut self.commit_pending, p, id);
+        Some(PositionMovedBack {
+            id,
+            expected,
+            offset: from,
+        })
+    }
+
     /// A run started by [`Start`] ended: each record's offset and whether it is handled
     /// (accepted, skipped or dead-lettered: its offset may be committed); `key` is the run's
     /// (None for a batch). Returns the trigger index whose permit came free, or None for a

@@ -503,6 +503,45 @@ fn a_position_behind_what_was_read_with_no_message_starts_the_partition_afresh()
 }
 
 #[test]
+fn a_paused_partitions_log_end_below_what_it_read_starts_it_afresh_from_its_commit() {
+    let mut s = set(100, 1 << 20);
+    s.assign(
+        assigned(0, Some(0), ""),
+        trigger(8, Ordering::Key),
+        Instant::now(),
+    );
+    s.on_position(&tp(0), None);
+    for (o, k) in [(0, "held"), (1, "a"), (2, "b"), (3, "c")] {
+        let _ = s.on_message(msg(0, o, k));
+    }
+    let mut starts = process(&mut s).starts.into_iter();
+    let _held = starts.next().unwrap();
+    for st in starts {
+        finish(&mut s, st, true);
+    }
+    let generation = s.by_tp(&tp(0)).unwrap().generation;
+    // An end at or past what was read, or of another assignment, changes nothing.
+    assert_eq!(s.on_log_end(&tp(0), generation, 4), None);
+    assert_eq!(s.on_log_end(&tp(0), generation + 1, 2), None);
+    // The log was cut to 2 while the partition was paused: offset 0 never ran, 1 did. The
+    // bookkeeping starts again from the commit offset, 0 (not the end: record 0 would be
+    // passed over), and what arrives before the consumer moved there is dropped.
+    let moved = s.on_log_end(&tp(0), generation, 2).expect("moved back");
+    assert_eq!((moved.expected, moved.offset), (4, 0));
+    assert!(matches!(
+        s.on_message(msg(0, 4, "d")),
+        Arrival::BeforeSeek(_)
+    ));
+    s.on_sought(&tp(0));
+    assert!(!s.verify_topic_id(&tp(0), Some("id-1".into())));
+    assert_eq!(commits(&mut s), vec![(0, 0, "tk3:id-1:0:".to_owned())]);
+    assert!(matches!(
+        s.on_message(msg(0, 0, "held")),
+        Arrival::Queued(_)
+    ));
+}
+
+#[test]
 fn only_the_commit_offset_moving_is_progress() {
     let mut s = set(100, 1 << 20);
     s.assign(
