@@ -408,12 +408,18 @@ struct SeekRetry {
     due: Instant,
 }
 
-/// Attempts of a seek before it is given up (the partition then stays held, and reported
-/// stalled, until its next assignment).
-const SEEK_ATTEMPTS: u32 = 20;
+/// Failed attempts of a seek after which it is logged as an ERROR (once; then a WARN every
+/// [`SEEK_ATTEMPTS_LOUD`] more). A seek is never given up while its partition is assigned:
+/// the partition takes nothing until it moves, and a cluster that refuses for minutes and
+/// recovers needs no rebalance to go on.
+const SEEK_ATTEMPTS_LOUD: u32 = 20;
 
-/// The wait before a failed seek's next attempt, times its attempts so far.
+/// The wait before a failed seek's next attempt, times its attempts so far, up to
+/// [`SEEK_RETRY_MAX`].
 const SEEK_RETRY_STEP: Duration = Duration::from_millis(250);
+
+/// The longest wait between two attempts of a seek.
+const SEEK_RETRY_MAX: Duration = Duration::from_secs(5);
 
 impl FlowQueue {
     /// Queues `cmd` after those queued before; the caller wakes the poll task.
@@ -425,6 +431,15 @@ impl FlowQueue {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         cmds.push(cmd);
         self.inner.pending.store(true, Ordering::Release);
+    }
+
+    /// Drops the seeks of `revoked` partitions, queued or waiting to be tried again: they
+    /// were for an assignment that ended (a later one of the same partition starts from the
+    /// group's commit).
+    pub(crate) fn forget(&self, revoked: &[TopicPartition]) {
+        lock(&self.inner.retries).retain(|r| !revoked.contains(&r.tp));
+        lock(&self.inner.cmds)
+            .retain(|c| !matches!(c, FlowCmd::Seek(tp, _) if revoked.contains(tp)));
     }
 
     /// When the earliest failed seek may be tried again, if one waits.
@@ -464,18 +479,18 @@ impl FlowQueue {
                 sought.push(tp);
                 return;
             };
-            let attempts = attempts + 1;
-            if attempts >= SEEK_ATTEMPTS {
+            let attempts = attempts.saturating_add(1);
+            if attempts == SEEK_ATTEMPTS_LOUD {
                 tracing::error!(connection, topic = %tp.topic, partition = tp.partition, error = %e, attempts,
-                    "cannot move the partition's position: given up; the partition takes nothing until it is assigned again");
-                return;
+                    "cannot move the partition's position; it takes nothing until it moves: trying again every 5 s");
+            } else if attempts < SEEK_ATTEMPTS_LOUD || attempts.is_multiple_of(SEEK_ATTEMPTS_LOUD) {
+                tracing::warn!(connection, topic = %tp.topic, partition = tp.partition, error = %e, attempts, "cannot move the partition's position; trying again");
             }
-            tracing::warn!(connection, topic = %tp.topic, partition = tp.partition, error = %e, attempts, "cannot move the partition's position; trying again");
             retries.push(SeekRetry {
                 tp,
                 to,
                 attempts,
-                due: now + SEEK_RETRY_STEP * attempts,
+                due: now + (SEEK_RETRY_STEP * attempts).min(SEEK_RETRY_MAX),
             });
         };
         for r in due {

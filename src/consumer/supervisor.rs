@@ -292,6 +292,11 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                 metrics::rebalance(&self.name, if lost { "lost" } else { "revoke" });
                 tracing::info!(connection = %self.name, partitions = partitions.len(), lost, "partitions revoked");
                 self.revoke_ack = Some(ack);
+                // Their moves were for this assignment; a later one starts from the commit.
+                self.seeks.retain(|s| !partitions.contains(&s.tp));
+                if let Some(f) = &self.flow {
+                    f.forget(&partitions);
+                }
                 // A revoke's final commit must not land on a topic created again.
                 self.take_identity_hint();
                 self.core.on_revoked(crate::clock::now(), partitions, lost);

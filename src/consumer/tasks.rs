@@ -107,6 +107,11 @@ impl FlowHandle {
     pub(super) fn seek(&self, tp: TopicPartition, to: rdkafka::Offset) {
         self.send(FlowCmd::Seek(tp, to));
     }
+
+    /// Drops the seeks of `revoked` partitions not made yet (see [`FlowQueue::forget`]).
+    pub(super) fn forget(&self, revoked: &[TopicPartition]) {
+        self.queue.forget(revoked);
+    }
 }
 
 /// The commit task of a connection, while it runs.

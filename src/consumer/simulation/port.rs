@@ -73,6 +73,10 @@ pub(crate) struct Cluster {
     pub(crate) pads: HashMap<String, usize>,
     /// Bumped whenever a log is replaced or cut (the checks read the logs again).
     pub(crate) generation: u64,
+    /// The cluster no longer refuses seeks: the faults that last have ended, so that the
+    /// schedule's end checks that what waited on them drains (their draws go on, so a
+    /// schedule's other draws stay as they were).
+    pub(crate) healed: bool,
 }
 
 impl Cluster {
@@ -371,6 +375,20 @@ impl SimPort {
             return;
         }
         let was_empty = s.queue.is_empty();
+        // A fetch past the log's end (cut while the partition was paused, or after the
+        // position went back to it on a pause) is out of range: librdkafka resets the
+        // position to the beginning (`auto.offset.reset` is `earliest`) and says so.
+        let mut reset = false;
+        for (p, part) in &mut s.parts {
+            if !part.paused && part.fetch_next > cluster.logs[*p as usize].len() as i64 {
+                part.fetch_next = 0;
+                reset = true;
+            }
+        }
+        if reset {
+            s.identity_hint = true;
+            self.note(format_args!("fetch out of range: reset to the beginning"));
+        }
         let candidates: Vec<i32> = s
             .parts
             .iter()
@@ -685,7 +703,7 @@ impl KafkaPort for SimPort {
     fn seek(&self, tp: &TopicPartition, to: Offset, _timeout: Duration) -> Result<(), KafkaError> {
         let mut s = self.state();
         let percent = s.seek_refusals;
-        if percent > 0 && s.rng.chance(percent) {
+        if percent > 0 && s.rng.chance(percent) && !self.cluster().healed {
             self.note(format_args!("seek {} {to:?} fails", tp.partition));
             return Err(KafkaError::Seek("Local: Timed out".to_owned()));
         }
