@@ -343,8 +343,8 @@ impl<S: Shell> Core<S> {
     /// The log of `tp` ends at `end`, below what its assignment `generation` had read when
     /// the end was asked (a paused partition's end, read by the shell's monitor): the log was
     /// cut or replaced while the partition was not fetched, and the consumer's position, past
-    /// the end, says nothing until its next fetch. The bookkeeping starts again from `end`, as
-    /// for a position that moved back, from the end or the commit offset if that is lower
+    /// the end, says nothing until its next fetch. The bookkeeping starts again, as for a
+    /// position that moved back, from the end or the commit offset if that is lower
     /// (records of the log's unchanged part handled above it run again), and what arrives
     /// before the consumer was moved there is dropped: the shell moves it to the returned
     /// offset, then calls [`Core::on_sought`].
