@@ -243,9 +243,14 @@ impl Runs {
             // guard) would be copied whole on every spawn (for single records, memmove went
             // from 5.4% to 3.9% of the connector's CPU when boxed).
             let draining = drain.clone();
+            #[cfg(not(test))]
             let work = Box::pin(attempt::process(
                 trigger, topic_id, &msgs, permit, drain, cancel, yielded,
             ));
+            #[cfg(test)]
+            let work = Box::pin(faults::around(attempt::process(
+                trigger, topic_id, &msgs, permit, drain, cancel, yielded,
+            )));
             let outcomes = std::panic::AssertUnwindSafe(work.instrument(task_span))
                 .catch_unwind()
                 .await
@@ -284,5 +289,66 @@ impl Runs {
                 span: if batch { tracing::Span::none() } else { span },
             }));
         }));
+    }
+}
+
+/// Panics a simulation draws in a run's own bookkeeping, outside its attempt (tests only:
+/// the shipped binary has none).
+#[cfg(test)]
+pub(crate) mod faults {
+    use std::cell::Cell;
+
+    use crate::core::simulation::schedule::Rng;
+
+    thread_local! {
+        /// Per 1,000 runs, the chance of a panic; and the draws' state.
+        static PANICS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+        /// Panics drawn on this thread so far.
+        static HITS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Panics drawn on this thread so far (the simulation's faults happened).
+    pub(crate) fn hits() -> u64 {
+        HITS.with(Cell::get)
+    }
+
+    /// Runs started on this thread from now on panic outside their attempt `per_mille`
+    /// times in 1,000, drawn from `seed` (half before the attempt, half after it, its
+    /// outcome lost); 0: none.
+    pub(crate) fn set(per_mille: u64, seed: u64) {
+        PANICS.with(|p| p.set((per_mille, seed)));
+    }
+
+    /// Whether this run panics: Some(true) before its attempt, Some(false) after it.
+    fn draw() -> Option<bool> {
+        PANICS.with(|p| {
+            let (per_mille, state) = p.get();
+            if per_mille == 0 {
+                return None;
+            }
+            let mut rng = Rng(state);
+            let hit = rng.below(1000) < per_mille;
+            let before = rng.chance(50);
+            p.set((per_mille, rng.0));
+            if hit {
+                HITS.with(|h| h.set(h.get() + 1));
+            }
+            hit.then_some(before)
+        })
+    }
+
+    /// `attempt`, with the panic drawn for it.
+    pub(crate) async fn around<F: std::future::Future>(attempt: F) -> F::Output {
+        let panic = draw();
+        assert!(
+            panic != Some(true),
+            "simulated: a panic in a run's bookkeeping, before its attempt"
+        );
+        let outcomes = attempt.await;
+        assert!(
+            panic != Some(false),
+            "simulated: a panic in a run's bookkeeping, after its attempt"
+        );
+        outcomes
     }
 }
