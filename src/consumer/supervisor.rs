@@ -249,11 +249,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                 let mut moved = false;
                 for (tp, position) in positions {
                     if let Some(m) = self.core.on_position(&tp, position) {
-                        self.identity.on_moved_back(&MovedBack {
-                            tp,
-                            expected: m.expected,
-                            offset: m.offset,
-                        });
+                        self.moved_back(tp, &m);
                         moved = true;
                     }
                 }
@@ -265,17 +261,13 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                 let mut moved = false;
                 for (tp, generation, end) in ends {
                     if let Some(m) = self.core.on_log_end(&tp, generation, end) {
-                        self.identity.on_moved_back(&MovedBack {
-                            tp: tp.clone(),
-                            expected: m.expected,
-                            offset: m.offset,
-                        });
                         // librdkafka would fetch from its position, past the end, and
                         // go on from there once records reach it.
                         self.seeks.push(crate::consumer::identity::Seek {
-                            tp,
+                            tp: tp.clone(),
                             to: rdkafka::Offset::Offset(m.offset),
                         });
+                        self.moved_back(tp, &m);
                         moved = true;
                     }
                 }
@@ -315,6 +307,16 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
                 tracing::warn!(connection = %self.name, error = %e, "kafka consumer error");
             }
         }
+    }
+
+    /// The core started `tp`'s bookkeeping again where its position moved back to: said
+    /// and counted (its log is identified at the next check).
+    fn moved_back(&mut self, tp: TopicPartition, m: &crate::core::partitions::PositionMovedBack) {
+        self.identity.on_moved_back(&MovedBack {
+            tp,
+            expected: m.expected,
+            offset: m.offset,
+        });
     }
 
     /// The error for a task of the connection that panicked or ended: counted and logged.

@@ -447,16 +447,7 @@ impl<S: Shell> PartitionSet<S> {
         // that arrives behind it (`Received::MovedBack`): the commit may go back to it, and
         // the log is identified first.
         if let Some(expected) = p.tracker.seen().filter(|s| o < *s) {
-            let id = self.restart_moved_back(id)?;
-            let p = self.slots[id.0 as usize].as_mut()?;
-            p.position_reset = true;
-            p.tracker.position(o);
-            Self::mark_commit_changed(&mut self.commit_pending, p, id);
-            return Some(PositionMovedBack {
-                id,
-                expected,
-                offset: o,
-            });
+            return self.restart_at(id, expected, o, false);
         }
         p.tracker.position(o);
         Self::mark_commit_changed(&mut self.commit_pending, p, id);
@@ -473,17 +464,32 @@ impl<S: Shell> PartitionSet<S> {
     ) -> Option<PositionMovedBack> {
         let id = self.id_of(&tp.topic, tp.partition)?;
         let p = self.slots[id.0 as usize].as_mut()?;
-        if p.generation != generation || p.awaiting_seek {
+        // (An end below 0 is no offset: nothing to go by.)
+        if p.generation != generation || p.awaiting_seek || end < 0 {
             return None;
         }
         let expected = p.tracker.seen().filter(|s| end < *s)?;
         // The log below the end is as it was, but what of it was handled above the commit
         // offset is kept nowhere once the bookkeeping starts again: read again from there.
         let from = p.tracker.commit_offset().map_or(end, |c| c.min(end));
+        self.restart_at(id, expected, from, true)
+    }
+
+    /// The partition in slot `id`, which expected `expected` next, starts its bookkeeping
+    /// again from `from` ([`Self::restart_moved_back`]), with positions trusted from there;
+    /// `awaiting_seek`: the consumer is still to be moved there, and what arrives first is
+    /// dropped.
+    fn restart_at(
+        &mut self,
+        id: PartitionId,
+        expected: i64,
+        from: i64,
+        awaiting_seek: bool,
+    ) -> Option<PositionMovedBack> {
         let id = self.restart_moved_back(id)?;
         let p = self.slots[id.0 as usize].as_mut()?;
         p.position_reset = true;
-        p.awaiting_seek = true;
+        p.awaiting_seek = awaiting_seek;
         p.tracker.position(from);
         Self::mark_commit_changed(&mut self.commit_pending, p, id);
         Some(PositionMovedBack {

@@ -523,6 +523,7 @@ fn a_paused_partitions_log_end_below_what_it_read_starts_it_afresh_from_its_comm
     // An end at or past what was read, or of another assignment, changes nothing.
     assert_eq!(s.on_log_end(&tp(0), generation, 4), None);
     assert_eq!(s.on_log_end(&tp(0), generation + 1, 2), None);
+    assert_eq!(s.on_log_end(&tp(0), generation, -1), None, "no offset");
     // The log was cut to 2 while the partition was paused: offset 0 never ran, 1 did. The
     // bookkeeping starts again from the commit offset, 0 (not the end: record 0 would be
     // passed over), and what arrives before the consumer moved there is dropped.
