@@ -10,15 +10,6 @@ use tessel_kafka::cli::dev_dispatcher::Faults;
 use super::{connection_toml, create_topic, daemon_config, dispatcher, produce_keyed};
 use crate::support::{free_port, unique, wait_for, wait_for_async};
 
-/// The value of the samples of `name` whose labels contain `labels`, summed.
-fn sum(metrics: &str, name: &str, labels: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name) && l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// The daemon runs under a hard limit of 48 descriptors (about 26 held by one idle
 /// connection), with 64 runs wanted in flight against a slow dispatcher: the dispatcher pool
 /// shrinks to the sockets it could open, every record is dispatched once, and the attempts
@@ -67,25 +58,22 @@ async fn short_of_descriptors_the_daemon_waits_for_sockets_instead_of_retrying()
         (d.accepted() >= 192).then_some(())
     })
     .await;
-    let base = format!("http://127.0.0.1:{port}");
-    let metrics = wait_for_async("the metrics", Duration::from_secs(10), || async {
-        reqwest::get(format!("{base}/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()
+    let metrics = wait_for_async("the metrics", Duration::from_secs(10), || {
+        super::metrics_text(port)
     })
     .await;
     let _ = daemon.kill();
     let _ = daemon.wait();
     eprintln!("daemon log: {}", config.with_extension("log").display());
-    assert_eq!(sum(&metrics, "tessel_kafka_open_fds_limit", ""), 48.0);
-    let exhausted = sum(&metrics, "tessel_kafka_fds_exhausted_total", "");
-    let failed = sum(
+    assert_eq!(
+        super::metric_sum(&metrics, "tessel_kafka_open_fds_limit", &[]),
+        48.0
+    );
+    let exhausted = super::metric_sum(&metrics, "tessel_kafka_fds_exhausted_total", &[]);
+    let failed = super::metric_sum(
         &metrics,
         "tessel_kafka_dispatch_attempts_total",
-        "outcome=\"retryable\"",
+        &["outcome=\"retryable\""],
     );
     eprintln!(
         "48 descriptors, 64 runs wanted in flight: {exhausted} connections could not be \

@@ -558,14 +558,7 @@ async fn a_stalled_partition_is_reported_with_its_reason_until_it_moves_again() 
         text.lines()
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     };
-    let metrics_text = || async move {
-        reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()
-    };
+    let metrics_text = || super::metrics_text(admin_port);
     let lag_seconds = format!(
         "tessel_kafka_consumer_lag_seconds{{connection=\"it\",topic=\"{topic}\",partition=\"0\"}}"
     );
@@ -621,4 +614,140 @@ where
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The broker refuses a partition's commit whose metadata is longer than its
+/// `offset.metadata.max.bytes` (4096 by default; `commit_metadata_max_bytes` may say up to
+/// 8192 for brokers set higher): `/health` reports the partition stalled because its commits
+/// are refused, not for the keys parked below the records handled. (What follows a refusal,
+/// the hold on new runs for at most `COMMIT_HOLD_LIMIT` and a map that shrinks once the gap
+/// closes, is the core's and the shell simulation's to show; run here it would take minutes.)
+///
+/// One partition: 32 keys parked at offsets 0-31 (answered 500), then 9,000 times two records
+/// of the parked keys, which wait, and one of another key, which runs: the handled offsets
+/// are every third one above the gap, a map of 27,000 offsets, over 4,096 characters.
+#[tokio::test]
+async fn a_partition_whose_commits_the_broker_refuses_is_reported_stalled_for_that() {
+    let topic = unique("refused-commit");
+    let group = unique("refused-commit-group");
+    create_topic(&topic, 1).await;
+    let (parked, triples) = (32usize, 9000usize);
+    let mut records: Vec<Value> = (0..parked)
+        .map(|h| json!({"key": format!("hot{h}"), "value": {"i": h}}))
+        .collect();
+    for j in 0..triples {
+        for (n, key) in [
+            format!("hot{}", (2 * j) % parked),
+            format!("hot{}", (2 * j + 1) % parked),
+            format!("k{}", j % 50),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            records.push(json!({"key": key, "value": {"i": parked + 3 * j + n}}));
+        }
+    }
+    let total = records.len();
+    let _ = reference_produce(json!({
+        "bootstrap": stack().bootstrap, "topic": topic, "key": {"format": "string"},
+        "value": {"format": "json"}, "kafka": {"linger.ms": 20, "batch.num.messages": 10000},
+        "steps": [{"txn": null, "records": records}]
+    }))
+    .await;
+    let d = dispatcher(Faults {
+        fail_keys: (0..parked as i64)
+            .map(|o| super::record_key(&group, &topic, 0, o))
+            .collect(),
+        fail_status: 500,
+        ..Faults::default()
+    })
+    .await;
+    let toml = connection_toml(&group, &topic, &d.url(), "concurrency = 32\n").replace(
+        "drain_timeout_ms = 10000\n",
+        "drain_timeout_ms = 10000\nstall_after_ms = 1000\nmax_buffered_per_partition = 30000\n\
+         commit_metadata_max_bytes = 8192\n",
+    );
+    let started = std::time::Instant::now();
+    let daemon = super::LoggedDaemon::start("refused-commit", &toml);
+    // Stalled for the refusal: the map outgrows the broker's limit while the other keys run.
+    let reason = daemon
+        .stall_reason(&format!("{topic}[0]"), "refuses", Duration::from_secs(120))
+        .await;
+    let stalled_after = started.elapsed();
+    assert!(
+        reason.contains("the broker refuses the commit of offset 0"),
+        "/health says why: {reason}"
+    );
+    // What the broker kept: the gap's offset, with the last map it took.
+    let (offset, metadata) = super::committed_with_metadata(&group, &topic, 1)[0].clone();
+    assert_eq!(offset, 0, "the commit stands at the gap");
+    assert!(
+        metadata.starts_with("tk3:") && metadata.len() <= 4096,
+        "the last map the broker took: {} characters",
+        metadata.len()
+    );
+    let ran_before = d.accepted();
+    eprintln!(
+        "refused commits: stalled for that {:.1} s after start ({reason}); {ran_before} of \
+         {total} records ran by then, the broker kept a map of {} characters",
+        stalled_after.as_secs_f64(),
+        metadata.len(),
+    );
+}
+
+/// A topic deleted (and not created again) under a partition with a backlog: librdkafka's
+/// fetch answers that the topic is unknown, a hint that it may have been deleted or created
+/// again, so the partition runs and commits nothing until its topic's id is read; the topic
+/// is gone, so that id is not read, and `/health` reports the partition stalled for that, not
+/// for the parked key it waited behind, until librdkafka treats the topic as gone (after
+/// `topic.metadata.propagation.max.ms`, 30 s) and the partition is revoked.
+///
+/// One partition, below its buffer limit, so still fetched: key k0 at offsets 0-4, its first
+/// record answered 500 (parked), the four others waiting behind it.
+#[tokio::test]
+async fn a_partition_whose_topic_is_deleted_is_reported_stalled_awaiting_its_topic_id() {
+    let topic = unique("deleted-topic-stall");
+    let group = unique("deleted-topic-stall-group");
+    create_topic(&topic, 1).await;
+    produce_keyed(&topic, 0, 5, 1).await;
+    let d = dispatcher(Faults {
+        fail_keys: [super::record_key(&group, &topic, 0, 0)].into(),
+        fail_status: 500,
+        ..Faults::default()
+    })
+    .await;
+    let toml = connection_toml(&group, &topic, &d.url(), "").replace(
+        "drain_timeout_ms = 10000\n",
+        "drain_timeout_ms = 10000\nstall_after_ms = 1000\n",
+    );
+    let daemon = super::LoggedDaemon::start("deleted-topic-stall", &toml);
+    let partition = format!("{topic}[0]");
+    // First stalled for the parked key: the daemon reads the partition and holds its backlog.
+    let parked = daemon
+        .stall_reason(&partition, "key parked", Duration::from_secs(60))
+        .await;
+    super::resets::delete_topic(&topic).await;
+    let deleted = std::time::Instant::now();
+    let awaiting = daemon
+        .stall_reason(
+            &partition,
+            "until its topic's id is read",
+            Duration::from_secs(60),
+        )
+        .await;
+    let after = deleted.elapsed();
+    assert!(
+        awaiting.starts_with("holding its runs and commits until its topic's id is read"),
+        "/health says why: {awaiting}"
+    );
+    assert_eq!(
+        d.accepted(),
+        0,
+        "nothing of k0 ran behind its parked record"
+    );
+    eprintln!(
+        "deleted topic: stalled awaiting its topic id {:.1} s after the deletion ({awaiting}); \
+         before it, stalled for the parked key ({parked})",
+        after.as_secs_f64(),
+    );
 }

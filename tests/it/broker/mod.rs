@@ -316,6 +316,88 @@ pub fn daemon_config(port: u16, toml: &str) -> std::path::PathBuf {
     crate::support::temp_config(&format!("[server]\nlisten = \"127.0.0.1:{port}\"\n{toml}"))
 }
 
+/// Sum of the samples of `name` whose labels contain every `labels` pair.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.starts_with(name)
+                && (l.len() > name.len())
+                && matches!(&l[name.len()..name.len() + 1], "{" | " ")
+        })
+        .filter(|l| labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The daemon's `/metrics` text; None while it does not answer.
+pub async fn metrics_text(admin_port: u16) -> Option<String> {
+    reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()
+}
+
+/// The daemon in a process of its own (its `/health` on a free port), its log kept in a
+/// temporary file for a failure; stopped when dropped.
+pub struct LoggedDaemon {
+    _daemon: Daemon,
+    /// Its admin port (`/health`, `/metrics`).
+    pub admin_port: u16,
+    /// Its log file.
+    pub log: std::path::PathBuf,
+}
+
+impl LoggedDaemon {
+    /// Starts the daemon with `toml` (of [`connection_toml`]); its log named after `name`.
+    pub fn start(name: &str, toml: &str) -> Self {
+        let admin_port = crate::support::free_port();
+        let log = std::env::temp_dir().join(format!("{}.log", crate::support::unique(name)));
+        let daemon = Daemon(spawn_daemon(
+            &daemon_config(admin_port, toml),
+            std::process::Stdio::from(std::fs::File::create(&log).expect("daemon log")),
+        ));
+        Self {
+            _daemon: daemon,
+            admin_port,
+            log,
+        }
+    }
+
+    /// Polls `/health` until it answers 503 with a stall reason for `partition` (connection
+    /// "it") containing `wanted`, for at most `within`; the reason.
+    pub async fn stall_reason(
+        &self,
+        partition: &str,
+        wanted: &str,
+        within: std::time::Duration,
+    ) -> String {
+        let deadline = std::time::Instant::now() + within;
+        let url = format!("http://127.0.0.1:{}/health", self.admin_port);
+        let mut last = None;
+        loop {
+            if let Ok(resp) = reqwest::get(&url).await {
+                let status = resp.status().as_u16();
+                if let Ok(body) = resp.json::<serde_json::Value>().await {
+                    let reason =
+                        body["connections"]["it"]["stalled_partitions"][partition].as_str();
+                    if let Some(r) = reason.filter(|r| status == 503 && r.contains(wanted)) {
+                        return r.to_owned();
+                    }
+                    last = Some((status, body));
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no stall of {partition} for {wanted:?} within {within:?}; /health {last:?}, log {}",
+                self.log.display()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+}
+
 /// `toml` (of [`connection_toml`]) with librdkafka statistics every 500 ms, so lag and
 /// broker metrics move within a test.
 pub fn with_fast_statistics(toml: &str) -> String {

@@ -11,28 +11,6 @@ use super::sasl_ssl_kafka_table;
 use super::{connection_toml, create_topic, dispatcher, produce_keyed, spawn_daemon};
 use crate::support::{stack, temp_config, unique, wait_for, wait_for_async};
 
-/// Sum of the samples of `name` whose labels contain every `labels` pair.
-fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.starts_with(name)
-                && (l.len() > name.len())
-                && matches!(&l[name.len()..name.len() + 1], "{" | " ")
-        })
-        .filter(|l| labels.iter().all(|x| l.contains(x)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-async fn scrape(port: u16) -> Option<String> {
-    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()
-}
-
 #[tokio::test]
 async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
     let topic = unique("metrics");
@@ -57,7 +35,7 @@ async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
     let mut daemon = spawn_daemon(&config, Stdio::null());
     produce_keyed(&topic, 0, 3000, 50).await;
     let lag = |text: &str| {
-        metric_sum(
+        super::metric_sum(
             text,
             "tessel_kafka_consumer_lag_messages",
             &[&format!("topic=\"{topic}\"")],
@@ -67,7 +45,7 @@ async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
         "lag to rise with the backlog",
         Duration::from_secs(60),
         || async {
-            let text = scrape(port).await?;
+            let text = super::metrics_text(port).await?;
             let l = lag(&text);
             (l >= 500.0).then_some(l)
         },
@@ -78,19 +56,19 @@ async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
     })
     .await;
     let text = wait_for_async("lag back to 0", Duration::from_secs(60), || async {
-        let text = scrape(port).await?;
+        let text = super::metrics_text(port).await?;
         (lag(&text) == 0.0 && text.contains("tessel_kafka_consumer_lag_messages")).then_some(text)
     })
     .await;
     daemon.kill().unwrap();
     let _ = daemon.wait();
     eprintln!("peak lag observed: {peak}");
-    let accepted = metric_sum(
+    let accepted = super::metric_sum(
         &text,
         "tessel_kafka_dispatch_attempts_total",
         &["outcome=\"accepted\""],
     );
-    let attempts = metric_sum(&text, "tessel_kafka_dispatch_attempts_total", &[]);
+    let attempts = super::metric_sum(&text, "tessel_kafka_dispatch_attempts_total", &[]);
     assert_eq!(
         accepted as u64,
         d.accepted() as u64,
@@ -98,7 +76,7 @@ async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
     );
     assert_eq!(attempts as u64, d.attempts(), "every attempt counted");
     assert_eq!(
-        metric_sum(
+        super::metric_sum(
             &text,
             "tessel_kafka_messages_handled_total",
             &["outcome=\"accepted\""]
@@ -106,7 +84,7 @@ async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
         3000
     );
     assert_eq!(
-        metric_sum(&text, "tessel_kafka_messages_consumed_total", &[]) as usize,
+        super::metric_sum(&text, "tessel_kafka_messages_consumed_total", &[]) as usize,
         3000
     );
     // Every attempt is one dispatch latency observation, every acceptance one end-to-end one,
@@ -123,10 +101,10 @@ async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
         } else {
             trigger.to_vec()
         };
-        assert_eq!(metric_sum(&text, series, &labels), want, "{series}");
+        assert_eq!(super::metric_sum(&text, series, &labels), want, "{series}");
     }
     assert!(
-        metric_sum(
+        super::metric_sum(
             &text,
             "tessel_kafka_dispatch_duration_seconds_bucket",
             &[trigger[0], "le=\"0.005\""]
@@ -134,20 +112,23 @@ async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
         "the dispatcher's 5-15 ms latency is above the lowest bucket"
     );
     assert!(
-        metric_sum(
+        super::metric_sum(
             &text,
             "tessel_kafka_offset_commits_total",
             &["result=\"ok\""]
         ) >= 1.0
     );
-    assert!(metric_sum(&text, "tessel_kafka_rebalances_total", &["kind=\"assign\""]) >= 1.0);
+    assert!(super::metric_sum(&text, "tessel_kafka_rebalances_total", &["kind=\"assign\""]) >= 1.0);
     assert_eq!(
-        metric_sum(&text, "tessel_kafka_assigned_partitions", &[]),
+        super::metric_sum(&text, "tessel_kafka_assigned_partitions", &[]),
         2.0
     );
-    assert_eq!(metric_sum(&text, "tessel_kafka_brokers_up", &[]), 1.0);
     assert_eq!(
-        metric_sum(
+        super::metric_sum(&text, "tessel_kafka_brokers_up", &[]),
+        1.0
+    );
+    assert_eq!(
+        super::metric_sum(
             &text,
             "tessel_kafka_build_info",
             &[concat!("version=\"", env!("CARGO_PKG_VERSION"), "\"")]
@@ -155,12 +136,12 @@ async fn metrics_show_lag_rising_and_draining_and_count_every_dispatch() {
         1.0
     );
     assert_eq!(
-        metric_sum(
+        super::metric_sum(
             &text,
             "tessel_kafka_registry_cache_lookups_total",
             &["connection=\"it\""]
         ),
-        metric_sum(&text, "tessel_kafka_registry_cache_lookups_total", &[]),
+        super::metric_sum(&text, "tessel_kafka_registry_cache_lookups_total", &[]),
         "registry metrics name their connection"
     );
     for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
@@ -287,7 +268,7 @@ async fn lag_of_a_stuck_group_is_its_backlog_and_follows_the_assignment() {
         "lag of both partitions, nothing committed",
         Duration::from_secs(60),
         || async {
-            let got = lag_by_partition(&scrape(ports[0]).await?, &topic);
+            let got = lag_by_partition(&super::metrics_text(ports[0]).await?, &topic);
             (got == want).then_some(())
         },
     )
@@ -297,8 +278,8 @@ async fn lag_of_a_stuck_group_is_its_backlog_and_follows_the_assignment() {
         "each replica reports the partition it owns",
         Duration::from_secs(90),
         || async {
-            let a = lag_by_partition(&scrape(ports[0]).await?, &topic);
-            let b = lag_by_partition(&scrape(ports[1]).await?, &topic);
+            let a = lag_by_partition(&super::metrics_text(ports[0]).await?, &topic);
+            let b = lag_by_partition(&super::metrics_text(ports[1]).await?, &topic);
             (a.len() == 1 && b.len() == 1).then_some((a, b))
         },
     )
@@ -605,8 +586,8 @@ async fn lag_keeps_rising_while_a_partition_is_paused() {
     let mut daemon = spawn_daemon(&config, Stdio::null());
     produce_keyed(&topic, 0, 50, 5).await;
     let _ = wait_for_async("the partition paused", Duration::from_secs(60), || async {
-        let text = scrape(port).await?;
-        (metric_sum(&text, "tessel_kafka_paused_partitions", &[]) >= 1.0).then_some(())
+        let text = super::metrics_text(port).await?;
+        (super::metric_sum(&text, "tessel_kafka_paused_partitions", &[]) >= 1.0).then_some(())
     })
     .await;
     produce_keyed(&topic, 50, 500, 5).await;
@@ -614,8 +595,8 @@ async fn lag_keeps_rising_while_a_partition_is_paused() {
         "lag to reach the new end",
         Duration::from_secs(30),
         || async {
-            let text = scrape(port).await?;
-            let l = metric_sum(
+            let text = super::metrics_text(port).await?;
+            let l = super::metric_sum(
                 &text,
                 "tessel_kafka_consumer_lag_messages",
                 &[&format!("topic=\"{topic}\"")],
