@@ -19,6 +19,9 @@ const MAX_BLOCKING_THREADS: usize = 4_096;
 /// (100 idle connections kept 103); at 100 ms about (rounds per second) / 10 remain.
 const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How long the exit waits for work left on the blocking pool once the command returned.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn main() -> ExitCode {
     // Before any client or socket exists: descriptors grow with the work (librdkafka's sockets
     // and wake-up descriptors per client, dispatcher connections); the daemon logs the outcome.
@@ -34,7 +37,13 @@ fn main() -> ExitCode {
         .thread_keep_alive(BLOCKING_KEEP_ALIVE)
         .build();
     match runtime {
-        Ok(runtime) => runtime.block_on(tessel_kafka::cli::commands::execute(cli)),
+        Ok(runtime) => {
+            let code = runtime.block_on(tessel_kafka::cli::commands::execute(cli));
+            // A consumer left closing in the background (its group's coordinator did not
+            // answer it leaving; its commits were made) does not hold the exit.
+            runtime.shutdown_timeout(EXIT_WAIT);
+            code
+        }
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
             ExitCode::FAILURE

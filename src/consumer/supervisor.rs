@@ -32,6 +32,16 @@ pub use crate::consumer::setup::{SharedClients, SupervisorError};
 /// Most worker events handled before the core is polled.
 const COMPLETIONS_AT_ONCE: usize = 256;
 
+/// How long a stop waits for the consumer to close, after its final commit. Closing revokes
+/// what is left and leaves the group, which takes librdkafka a few seconds at most (it gives
+/// a LeaveGroup 5 s). Twice, with librdkafka's mock cluster in a cooperative rebalance, it
+/// had not ended 25 s after the final commit; with librdkafka's debug lines on, none came
+/// after its LeaveGroup was sent (cause not found). The commits are made by then, so the stop does not wait longer:
+/// the close goes on in the background and the group takes the partitions back at its
+/// session timeout. With the default `drain_timeout_ms` (30 s) and the final commit's
+/// retries (10 s) a stop stays within the chart's grace period (60 s).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Runs one connection, over its consumer's port (librdkafka's adapter unless a simulation
 /// gives another).
 pub struct ConnectionSupervisor<P: KafkaPort = RdKafkaPort> {
@@ -471,6 +481,7 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
         if let Some(ack) = self.revoke_ack.take() {
             let _ = ack.send(());
         }
+        tracing::info!(connection = %self.name, partitions = end.partitions.len(), "revoke finished: partitions released");
     }
 
     fn pause_or_resume(&self, pause: bool, tps: Vec<TopicPartition>) {
@@ -518,25 +529,18 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
 
     async fn shut_down(mut self, poll_task: PollTask) {
         // The commit task finishes its request and ends, so the final synchronous commit
-        // below is the last one the broker sees.
+        // below is the last one the broker sees; its answers reach the core (a revoke ends
+        // only once the request out was answered).
         if let Some(t) = self.ops_task.take() {
             t.join().await;
+        }
+        while let Ok(answer) = self.commit_answers.try_recv() {
+            self.core.on_commit_answer(crate::clock::now(), &answer);
         }
         tracing::info!(connection = %self.name, "stopping: draining runs in flight");
         self.core.on_stop(crate::clock::now());
         let _ = self.execute().await;
-        let deadline = crate::clock::now() + Duration::from_millis(self.config.drain_timeout_ms);
-        while self.core.partitions().in_flight() > 0 {
-            tokio::select! {
-                biased;
-                Some(e) = self.completions.recv() => self.on_worker_event(e),
-                _ = tasks::sleep_until_opt(Some(deadline)) => {
-                    let in_flight = self.core.partitions().in_flight();
-                    tracing::warn!(connection = %self.name, in_flight, "drain deadline passed; unfinished runs will be dispatched again");
-                    break;
-                }
-            }
-        }
+        self.drain().await;
         self.runs.abandon_all();
         self.take_identity_hint();
         // The consumer is still a member (librdkafka's threads run the group protocol): a
@@ -544,8 +548,8 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
         let commits = self.core.stop_commit();
         let retry = Some(commit_task::FINAL_COMMIT_RETRY);
         commit_task::commit_sync_retrying(&self.name, &self.consumer, commits, retry).await;
-        // A revoke that arrived with the shutdown is complete now: release the poll task's
-        // revoke callback at once instead of letting it wait for its deadline.
+        // A revoke still draining at the deadline was part of the commit above: release
+        // the poll task's revoke callback at once instead of letting it wait for its own.
         if let Some(ack) = self.revoke_ack.take() {
             let _ = ack.send(());
         }
@@ -555,7 +559,71 @@ impl<P: KafkaPort> ConnectionSupervisor<P> {
         // The poll task holds the last reference: closing (callbacks) runs off the runtime.
         drop(self.consumer);
         drop(self.events);
-        poll_task.join().await;
+        if tokio::time::timeout(CLOSE_TIMEOUT, poll_task.join())
+            .await
+            .is_err()
+        {
+            tracing::error!(connection = %self.name, timeout_s = CLOSE_TIMEOUT.as_secs(), "the consumer did not close in time (the group's coordinator did not answer its leaving): left to close in the background; the group takes its partitions back at its session timeout");
+            return;
+        }
         tracing::info!(connection = %self.name, "consumer closed");
+    }
+
+    /// Waits, up to the drain deadline, for the runs in flight, polling the core after each
+    /// end: a revoke, begun before the stop or during it, finishes (final commit of its
+    /// partitions, librdkafka released) as soon as its own partitions drained. Holding the
+    /// rebalance callback for the whole drain would stall the group's rebalance for every
+    /// member meanwhile, and the broker may expel this member (a commit refused while the
+    /// group waits for it to rejoin, the session timing out). The consumer's events are
+    /// read meanwhile, so that its poll task is never blocked handing one over: a revoke
+    /// is taken; records, positions and assignments are not (nothing starts any more).
+    async fn drain(&mut self) {
+        let deadline = crate::clock::now() + Duration::from_millis(self.config.drain_timeout_ms);
+        let mut events_open = true;
+        loop {
+            let in_flight = self.core.partitions().in_flight();
+            if in_flight == 0 && !self.core.revoking() {
+                return;
+            }
+            let now = crate::clock::now();
+            if now >= deadline {
+                if in_flight > 0 {
+                    tracing::warn!(connection = %self.name, in_flight, "drain deadline passed; unfinished runs will be dispatched again");
+                }
+                return;
+            }
+            let wake = self
+                .core
+                .next_wake(now)
+                .map_or(deadline, |w| w.min(deadline));
+            tokio::select! {
+                biased;
+                Some(e) = self.completions.recv() => self.on_worker_event(e),
+                event = self.events.recv(), if events_open && !self.core.revoking() => {
+                    match event {
+                        Some(e) => self.on_event_stopping(e),
+                        None => events_open = false,
+                    }
+                }
+                _ = tasks::sleep_until_opt(Some(wake)) => {}
+            }
+            let _ = self.execute().await;
+        }
+    }
+
+    /// A consumer event while the connection stops: revokes (and what says a topic may
+    /// have changed, errors) are handled as always; records, positions and assignments are
+    /// dropped, as nothing starts any more and the final commit covers only what ran.
+    fn on_event_stopping(&mut self, event: ConsumerEvent) {
+        match event {
+            ConsumerEvent::Messages(_)
+            | ConsumerEvent::Positions(_)
+            | ConsumerEvent::LogEnds(_)
+            | ConsumerEvent::Sought(_)
+            | ConsumerEvent::Assigned(_) => {}
+            e @ (ConsumerEvent::Revoked { .. }
+            | ConsumerEvent::IdentityHint
+            | ConsumerEvent::Error(_)) => self.on_event(e),
+        }
     }
 }
