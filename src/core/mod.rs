@@ -455,15 +455,22 @@ impl<S: Shell> Core<S> {
     }
 
     /// When [`Core::poll`] next has something to do if no event comes first: a revoke's
-    /// deadline, a commit slot or resend, a batch's `max_wait`.
+    /// deadline, a commit slot or resend, a batch's `max_wait`. Once stopping, only a
+    /// revoke's deadline: the stop takes no commit and starts no batch, so a commit slot
+    /// already due would stay due, and a shell waiting for it would spin (the shell's
+    /// simulation found a stop's drain looping so, seed 3).
     pub fn next_wake(&self, now: Instant) -> Option<Instant> {
+        let revoke = self.lifecycle.revoke().map(|r| r.deadline);
+        if self.lifecycle.stopping() {
+            return revoke;
+        }
         let slot = self
             .partitions
             .commits_pending()
             .then(|| self.committer.next_slot(now))
             .flatten();
         [
-            self.lifecycle.revoke().map(|r| r.deadline),
+            revoke,
             slot,
             self.committer.next_due(now),
             self.partitions.next_batch_due(),
@@ -892,9 +899,9 @@ mod tests {
         assert!(!c.on_run_finished(run.id, run.generation, &run.key, &records));
     }
 
-    #[test]
-    fn refused_commits_hold_new_runs_until_one_is_confirmed() {
-        let t0 = Instant::now();
+    /// A core whose first commit (of partition 0's record at 0, run and accepted at `t0`)
+    /// the broker refused at `t0 + 2 ticks`.
+    fn with_a_refused_commit(t0: Instant) -> Core<TestShell> {
         let mut c = assigned(t0);
         let _ = c.on_message(msg(0, 0, "a"));
         let mut out = poll(&mut c, t0);
@@ -903,6 +910,13 @@ mod tests {
         let mut refused = ok(&sent);
         refused[0].refused = Some("REBALANCE_IN_PROGRESS".into());
         c.on_commit_answer(t0 + TICK * 2, &refused);
+        c
+    }
+
+    #[test]
+    fn refused_commits_hold_new_runs_until_one_is_confirmed() {
+        let t0 = Instant::now();
+        let mut c = with_a_refused_commit(t0);
         let _ = c.on_message(msg(0, 1, "b"));
         let mut out = poll(&mut c, t0 + TICK * 2);
         assert!(starts(&mut out).is_empty(), "new runs wait");
@@ -934,5 +948,26 @@ mod tests {
             "retries stop; nothing starts and nothing commits but the last commit"
         );
         assert_eq!(c.stop_commit(), vec![(tp(0), 1, String::new())]);
+    }
+
+    #[test]
+    fn a_stopping_core_wakes_only_for_a_revokes_deadline() {
+        let t0 = Instant::now();
+        // A commit refused: it is due again after its backoff.
+        let mut c = with_a_refused_commit(t0);
+        let resend = c
+            .next_wake(t0 + TICK * 2)
+            .expect("the refused commit's resend");
+        c.on_stop(t0 + TICK * 2);
+        // The stop takes no commit: past the resend, a wake for it would be due at once,
+        // every time.
+        let later = resend + TICK;
+        assert_eq!(c.next_wake(later), None);
+        let _ = poll(&mut c, later);
+        assert_eq!(c.next_wake(later), None);
+        // A revoke during the stop still ends at its deadline.
+        c.on_revoked(later, vec![tp(1)], false);
+        let deadline = c.next_wake(later).expect("the revoke's deadline");
+        assert!(deadline > later);
     }
 }
