@@ -46,6 +46,10 @@ pub struct Faults {
     pub fail_events: HashMap<String, u32>,
     /// Batches: event ids that make a batch holding them rejected with 422.
     pub reject_events: HashSet<String>,
+    /// Per idempotency key, how long its first request waits (milliseconds) before it is
+    /// answered, on top of `latency_ms`: a latency that replays (the simulations draw it
+    /// from their seed).
+    pub delays: HashMap<String, u64>,
 }
 
 impl Default for Faults {
@@ -60,6 +64,7 @@ impl Default for Faults {
             scripted: HashMap::new(),
             fail_events: HashMap::new(),
             reject_events: HashSet::new(),
+            delays: HashMap::new(),
         }
     }
 }
@@ -103,6 +108,8 @@ struct Inner {
     /// Batches: how often each event was answered as failed.
     failed_events: HashMap<String, u32>,
     attempts: HashMap<String, Vec<(std::time::Instant, u16)>>,
+    /// Requests being answered now, by idempotency key.
+    answering: HashMap<String, usize>,
 }
 
 /// Shared state of a running dev dispatcher.
@@ -225,6 +232,11 @@ impl DevDispatcher {
         self.state.in_flight.load(Ordering::SeqCst)
     }
 
+    /// Idempotency keys with a request being answered now.
+    pub fn answering_keys(&self) -> Vec<String> {
+        self.state.inner().answering.keys().cloned().collect()
+    }
+
     /// The most requests ever in flight at once.
     pub fn max_in_flight(&self) -> usize {
         self.state.max_in_flight.load(Ordering::SeqCst)
@@ -239,8 +251,11 @@ async fn handle(State(state): State<Arc<DevState>>, headers: HeaderMap, body: By
     // The server drops this future when the client goes away mid-request; the guard still
     // counts the request out.
     let in_flight = InFlight(&state.in_flight);
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    let answering = key.map(|k| Answering::new(&state, k));
     let response = respond(&state, &headers, &body).await;
     drop(in_flight);
+    drop(answering);
     if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
         let mut inner = state.inner();
         inner
@@ -250,6 +265,35 @@ async fn handle(State(state): State<Arc<DevState>>, headers: HeaderMap, body: By
             .push((arrived, response.status().as_u16()));
     }
     response
+}
+
+/// One request for an idempotency key being answered; counted out when dropped (also when
+/// the client went away).
+struct Answering<'a> {
+    state: &'a DevState,
+    key: String,
+}
+
+impl<'a> Answering<'a> {
+    fn new(state: &'a DevState, key: &str) -> Self {
+        *state.inner().answering.entry(key.to_owned()).or_default() += 1;
+        Self {
+            state,
+            key: key.to_owned(),
+        }
+    }
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.state.inner();
+        if let Some(n) = inner.answering.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                inner.answering.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// One request in flight; counted out when dropped.
@@ -270,6 +314,14 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
         } else {
             hi
         };
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let delay = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !state.inner().attempts.contains_key(*k))
+        .and_then(|k| faults.delays.get(k).copied());
+    if let Some(ms) = delay {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     let header = |name: &str| {

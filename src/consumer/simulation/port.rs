@@ -144,6 +144,9 @@ struct State {
     rebalances_due: VecDeque<Rebalance>,
     /// A revoke served, until the application acknowledges it.
     awaiting_ack: Option<(Vec<i32>, std_mpsc::Receiver<()>)>,
+    /// The application released that revoke (acknowledged it, or dropped its
+    /// acknowledgement), seen by [`SimPort::revoke_held`] before the poll that ends it.
+    released: bool,
     deferred: Vec<Deferred>,
     rebalances: u64,
     wake_fd: Option<RawFd>,
@@ -199,6 +202,7 @@ impl SimPort {
                 queue: VecDeque::new(),
                 rebalances_due: VecDeque::new(),
                 awaiting_ack: None,
+                released: false,
                 deferred: Vec::new(),
                 rebalances: 0,
                 wake_fd: None,
@@ -356,6 +360,29 @@ impl SimPort {
         self.state().awaiting_ack.is_some()
     }
 
+    /// The partitions of the revoke the application has not released yet (its rebalance
+    /// callback still waits), if one waits; the simulation asks every step. Once released,
+    /// the revoke ends at the next poll, which this wakes: librdkafka's poll, blocked in the
+    /// callback, goes on at once (a quiet poll task would otherwise poll again only after
+    /// seconds, and the group's rebalance would wait for it meanwhile).
+    pub(crate) fn revoke_held(&self) -> Option<Vec<i32>> {
+        let mut s = self.state();
+        let s = &mut *s;
+        let (ps, done) = s.awaiting_ack.as_ref()?;
+        if !s.released {
+            s.released = !matches!(done.try_recv(), Err(std_mpsc::TryRecvError::Empty));
+            if s.released {
+                wake_if_empty(s, true);
+            }
+        }
+        (!s.released).then(|| ps.clone())
+    }
+
+    /// Which consumer this is (its clones are the same one).
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.state) as usize
+    }
+
     /// Whether every rebalance given to the member was served and acknowledged.
     pub(crate) fn rebalanced(&self) -> bool {
         let s = self.state();
@@ -508,7 +535,7 @@ impl SimPort {
         let Some((ps, done)) = &s.awaiting_ack else {
             return true;
         };
-        if matches!(done.try_recv(), Err(std_mpsc::TryRecvError::Empty)) {
+        if !s.released && matches!(done.try_recv(), Err(std_mpsc::TryRecvError::Empty)) {
             return false;
         }
         // The fetchers stop behind a version barrier: what was queued for these partitions
@@ -521,6 +548,7 @@ impl SimPort {
             s.queue.retain(|e| !revoked.contains(&e.partition));
         }
         s.awaiting_ack = None;
+        s.released = false;
         for d in std::mem::take(&mut s.deferred) {
             match d {
                 Deferred::Flow(pause, tps) => flow(s, pause, &tps),
