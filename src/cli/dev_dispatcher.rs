@@ -316,11 +316,12 @@ async fn respond(state: &DevState, headers: &HeaderMap, body: &Bytes) -> Respons
         };
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
+    // Looked up only where delays were given: most dispatchers have none.
     let delay = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
-        .filter(|k| !state.inner().attempts.contains_key(*k))
-        .and_then(|k| faults.delays.get(k).copied());
+        .and_then(|k| Some(k).zip(faults.delays.get(k).copied()))
+        .and_then(|(k, ms)| (!state.inner().attempts.contains_key(k)).then_some(ms));
     if let Some(ms) = delay {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
